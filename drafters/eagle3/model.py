@@ -1,0 +1,161 @@
+"""The EAGLE-3 drafter: one decoder layer over fused target taps, with a pruned output vocabulary.
+
+Parameter names follow vLLM's `LlamaForCausalLMEagle3` checkpoint keys (`fc`, `midlayer.*`, `norm`,
+`lm_head`, `d2t`, `t2d`), so export is a dtype cast and a config file.
+
+Shape legend: B batch, S sequence, H drafter width, Ht target width, N taps, h heads, g kv heads,
+d head width, V target vocabulary, Vd draft vocabulary, K keys.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from drafters.layers import RMSNorm, SwiGLU, apply_rope, rope_tables
+
+
+@dataclass(frozen=True)
+class Eagle3Spec:
+    """Everything that fixes the drafter's shapes."""
+
+    hidden_size: int
+    target_hidden_size: int
+    num_taps: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    fc_norm: bool = False
+    norm_output: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Eagle3Attention(nn.Module):
+    """GQA attention whose q/k/v read the 2H-wide `[norm(embed); norm(hidden)]` input."""
+
+    def __init__(self, spec: Eagle3Spec) -> None:
+        super().__init__()
+        self.h, self.g, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_proj = nn.Linear(2 * spec.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(2 * spec.hidden_size, self.g * self.d, bias=False)
+        self.v_proj = nn.Linear(2 * spec.hidden_size, self.g * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, spec.hidden_size, bias=False)
+
+    def qkv(self, x_BS2H: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):  # type: ignore[no-untyped-def]
+        """Rotated `q` `[B, h, S, d]`, `k` and `v` `[B, h, S, d]` (kv heads already repeated)."""
+        B, S, _ = x_BS2H.shape
+        q = self.q_proj(x_BS2H).view(B, S, self.h, self.d).transpose(1, 2)
+        k = self.k_proj(x_BS2H).view(B, S, self.g, self.d).transpose(1, 2)
+        v = self.v_proj(x_BS2H).view(B, S, self.g, self.d).transpose(1, 2)
+        rep = self.h // self.g
+        k = apply_rope(k, cos, sin).repeat_interleave(rep, dim=1)
+        return apply_rope(q, cos, sin), k, v.repeat_interleave(rep, dim=1)
+
+
+class Eagle3Layer(nn.Module):
+    """The single draft decoder layer; the residual runs through `hidden`, not the concatenation."""
+
+    def __init__(self, spec: Eagle3Spec) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = Eagle3Attention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = SwiGLU(spec.hidden_size, spec.intermediate_size)
+
+    def attn_input(self, embeds_BSH: torch.Tensor, hidden_BSH: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(embeds_BSH), self.hidden_norm(hidden_BSH)], dim=-1)
+
+    def finish(self, attn_BhSd: torch.Tensor, hidden_BSH: torch.Tensor) -> torch.Tensor:
+        B, h, S, d = attn_BhSd.shape
+        residual = hidden_BSH + self.self_attn.o_proj(attn_BhSd.transpose(1, 2).reshape(B, S, h * d))
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 drafter. `embed_tokens` is the target's, frozen; everything else trains."""
+
+    def __init__(self, spec: Eagle3Spec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        if spec.fc_norm:
+            self.fc_norm = nn.ModuleList(
+                RMSNorm(spec.target_hidden_size, spec.rms_norm_eps) for _ in range(spec.num_taps)
+            )
+        self.fc = nn.Linear(spec.num_taps * spec.target_hidden_size, spec.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(spec)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(spec.vocab_size, dtype=torch.bool))
+
+    def fuse(self, taps_BSNHt: torch.Tensor) -> torch.Tensor:
+        """`fc(cat(taps))` `[B, S, H]` from features `[B, S, N*Ht]`."""
+        if self.spec.fc_norm:
+            parts = taps_BSNHt.chunk(self.spec.num_taps, dim=-1)
+            taps_BSNHt = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts, strict=True)], dim=-1)
+        return self.fc(taps_BSNHt)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(positions, self.spec.head_dim, self.spec.rope_theta)
+
+    def head(self, h_out_BSH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft logits `[B, S, Vd]` and the hidden state passed to the next depth."""
+        normed = self.norm(h_out_BSH)
+        return self.lm_head(normed), normed if self.spec.norm_output else h_out_BSH
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def ttt_forward(self, input_ids_BS: torch.Tensor, features_BSF: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        """Training-time test: draft logits `[B, S, Vd]` for each depth 0..depth-1.
+
+        Position t carries target feature f_t and the embedding of token t+1 + k at depth k, at RoPE
+        position t + k. Depth k's query at t attends to depth-0 keys at positions <= t and to the key
+        at t of every depth 1..k: exactly the keys an inference-time chain sees.
+        """
+        B, S = input_ids_BS.shape
+        hidden = self.fuse(features_BSF)
+        scale = 1.0 / math.sqrt(self.spec.head_dim)
+        causal = torch.ones(S, S, dtype=torch.bool, device=input_ids_BS.device).tril()
+        base_k = base_v = None
+        diag_k: list[torch.Tensor] = []
+        diag_v: list[torch.Tensor] = []
+        logits = []
+        for k in range(depth):
+            tokens = shift_left(input_ids_BS, 1 + k)
+            cos, sin = self.rope(torch.arange(S, device=input_ids_BS.device) + k)
+            x = self.midlayer.attn_input(self.embed_tokens(tokens), hidden)
+            q, kk, vv = self.midlayer.self_attn.qkv(x, cos, sin)
+            if base_k is None:
+                base_k, base_v = kk, vv
+            else:
+                diag_k.append(kk)
+                diag_v.append(vv)
+            scores = (q @ base_k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+            diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]
+            probs = torch.cat([scores, *diag], dim=-1).softmax(-1)
+            out = probs[..., :S] @ base_v
+            for j, dv in enumerate(diag_v):
+                out = out + probs[..., S + j : S + j + 1] * dv
+            step_logits, hidden = self.head(self.midlayer.finish(out, hidden))
+            logits.append(step_logits)
+        return logits
+
+
+def shift_left(x: torch.Tensor, n: int, fill: int | float = 0) -> torch.Tensor:
+    """`x[:, n:]` padded back to length S with `fill` (dim 1)."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)

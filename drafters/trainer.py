@@ -1,0 +1,114 @@
+"""In-process drafter training on one device (CPU here). The FSDP2 trainer replaces it in issue #6.
+
+Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht target width.
+"""
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.config import TrainConfig
+from drafters.data import TrainSample, collate, length_grouped_batches
+from drafters.eagle3.loss import position_mask, simulated_acc_len, ttt_loss
+from drafters.eagle3.model import Eagle3Drafter
+from drafters.vocab import draft_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainReport:
+    """Per-step history and the final figures."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+    def final(self, last: int = 10) -> dict[str, float]:
+        """Means over the last `last` steps (the end-of-training loss and accuracies)."""
+        tail = self.history[-last:]
+        depth = len(tail[0]["acc"])
+        acc = [sum(h["acc"][k] for h in tail) / len(tail) for k in range(depth)]
+        out = {"loss": sum(h["loss"] for h in tail) / len(tail)}
+        out |= {f"acc_{k}": a for k, a in enumerate(acc)}
+        out["simulated_acc_len"] = simulated_acc_len(torch.tensor(acc))
+        return out
+
+
+@torch.no_grad()
+def mark_draftable(samples: list[TrainSample], target_head_VH: torch.Tensor, t2d: torch.Tensor, chunk: int = 1024) -> None:
+    """Set `in_draft` per sample: is the target's full-vocabulary argmax in the draft vocabulary?"""
+    for s in samples:
+        argmax = torch.cat([(part.float() @ target_head_VH.T).argmax(-1) for part in s.last_hidden.split(chunk)])
+        s.in_draft = t2d[argmax]
+
+
+def lr_lambda(warmup: int, total: int, floor: float = 0.1):  # type: ignore[no-untyped-def]
+    """Linear warm-up, then cosine decay to `floor` times the peak."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def train_eagle3(
+    model: Eagle3Drafter,
+    samples: list[TrainSample],
+    target_head_VH: torch.Tensor,
+    cfg: TrainConfig,
+    *,
+    depth: int,
+    decay: float,
+    seed: int,
+) -> TrainReport:
+    """Train `model` in place with TTT over `samples`; `target_head_VH` is the target's lm_head `[V, Ht]`."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(cfg.threads)
+    mark_draftable(samples, target_head_VH, model.t2d)
+    draft_head = target_head_VH[draft_ids(model.d2t)].float()  # [Vd, Ht]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    lengths = [len(s.input_ids) for s in samples]
+    per_epoch = len(length_grouped_batches(lengths, cfg.batch_tokens, seed=seed))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.epochs * per_epoch))
+    report = TrainReport()
+    start = time.perf_counter()
+    model.train()
+    for epoch in range(cfg.epochs):
+        for batch_idx in length_grouped_batches(lengths, cfg.batch_tokens, seed=seed + epoch):
+            batch = collate([samples[i] for i in batch_idx])
+            with torch.no_grad():
+                target_logp = (batch["last_hidden"] @ draft_head.T).log_softmax(-1)
+            mask = position_mask(batch["loss_mask"], batch["in_draft"])
+            out = ttt_loss(model.ttt_forward(batch["input_ids"], batch["features"], depth), target_logp, mask, decay)
+            opt.zero_grad(set_to_none=True)
+            out.total.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            sched.step()
+            report.steps += 1
+            report.tokens += int(batch["input_ids"].numel())
+            report.history.append(
+                {
+                    "step": report.steps,
+                    "epoch": epoch,
+                    "loss": float(out.total.detach()),
+                    "acc": [round(float(a), 5) for a in out.step_acc],
+                    "grad_norm": float(grad_norm),
+                    "lr": sched.get_last_lr()[0],
+                }
+            )
+            if report.steps % 20 == 0 or report.steps == 1:
+                h = report.history[-1]
+                log.info("train: step %d epoch %d loss %.4f acc %s", h["step"], epoch, h["loss"], h["acc"])
+    model.eval()
+    report.seconds = time.perf_counter() - start
+    return report

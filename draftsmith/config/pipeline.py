@@ -1,0 +1,64 @@
+"""The root `PipelineConfig`: one section per stage plus target, drafter and storage."""
+
+import re
+
+from pydantic import Field, model_validator
+
+from draftsmith.config.base import StrictModel
+from draftsmith.config.stages import (
+    DrafterConfig,
+    EvaluateConfig,
+    HiddenStatesConfig,
+    RegenerateConfig,
+    SelectConfig,
+    StorageConfig,
+    TargetConfig,
+    TokenizeConfig,
+    TrainConfig,
+)
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+class PipelineConfig(StrictModel):
+    """A whole recipe. Flows take this model as their parameter, so the Prefect UI shows a typed form."""
+
+    name: str = Field(description="Recipe name; also the run folder name under `storage.run_root`.")
+    seed: int = Field(0, ge=0, description="Seed for every random choice in the pipeline.")
+    target: TargetConfig = Field(description="The target LLM.")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Where runs live.")
+    select: SelectConfig = Field(description="Prompt selection.")
+    regenerate: RegenerateConfig = Field(default_factory=RegenerateConfig, description="Regeneration.")
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Tokenization.")
+    hidden_states: HiddenStatesConfig = Field(description="Hidden-state capture.")
+    drafter: DrafterConfig = Field(description="The drafter architecture.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Drafter training.")
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="Evaluation.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "PipelineConfig":
+        # Messages carry the dotted path themselves: a model-level error has no location of its own.
+        if not _NAME.match(self.name):
+            raise ValueError(f"name: {self.name!r} must be lowercase letters, digits, '.', '_' or '-'")
+        layers = self.target.num_layers
+        for i, tap in enumerate(self.hidden_states.taps):
+            if tap >= layers:
+                raise ValueError(
+                    f"hidden_states.taps[{i}]: tap {tap} must be below target.num_layers ({layers}); "
+                    "the last layer's output is captured separately as the last hidden state"
+                )
+        if self.select.num_eval >= self.select.num_prompts:
+            raise ValueError(
+                f"select.num_eval: {self.select.num_eval} held-out prompts leave none of "
+                f"select.num_prompts ({self.select.num_prompts}) for training"
+            )
+        if self.select.source == "jsonl" and not self.select.path:
+            raise ValueError("select.path: required when select.source is 'jsonl'")
+        if self.drafter.draft_vocab_size > self.target.vocab_size:
+            raise ValueError(
+                f"drafter.draft_vocab_size: {self.drafter.draft_vocab_size} exceeds target.vocab_size "
+                f"({self.target.vocab_size})"
+            )
+        if self.drafter.num_heads * self.drafter.head_dim <= 0:  # pragma: no cover - guarded by gt=0
+            raise ValueError("drafter.num_heads: must be positive")
+        return self

@@ -1,0 +1,155 @@
+"""One config section per pipeline stage, plus the target, drafter, storage and resources.
+
+Cross-section rules (taps against the target's layer count, for instance) live in
+`draftsmith.config.pipeline`, because a section cannot see its siblings.
+"""
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from draftsmith.config.base import StrictModel
+
+
+class Resources(StrictModel):
+    """Where a stage runs and what it may use; `draftsmith plan` prints these."""
+
+    work_pool: str = Field("local", min_length=1, description="Prefect work pool that runs this stage.")
+    cpus: int = Field(2, ge=1, description="CPU cores the stage may use.")
+    gpus: int = Field(0, ge=0, description="GPUs per node (0 on CPU pools).")
+    nodes: int = Field(1, ge=1, description="Number of nodes.")
+    memory_gb: int = Field(16, ge=1, description="Host memory per node, GiB.")
+
+
+class TargetConfig(StrictModel):
+    """The target LLM whose drafter is trained. Its shape is declared so recipes validate offline."""
+
+    name: str = Field(min_length=1, description="Human-readable target name, recorded in every manifest.")
+    source: str = Field(
+        min_length=1,
+        description="`embedded:<name>` (built by `draftsmith setup-target`), a local HF folder, "
+        "or a model id served by a remote engine.",
+    )
+    num_layers: int = Field(gt=0, description="Decoder layer count; taps must be below it.")
+    hidden_size: int = Field(gt=0, description="Residual stream width H.")
+    vocab_size: int = Field(gt=0, description="Target vocabulary size V.")
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype the target computes in (fp32 on CPU: no bf16 units there)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow code shipped with the model. Off unless opted in.")
+
+
+class StorageConfig(StrictModel):
+    """Where runs live."""
+
+    run_root: str = Field(
+        "runs", min_length=1, description="Local folder or fsspec URL under which `<recipe name>/` is created."
+    )
+
+
+class SelectConfig(StrictModel):
+    """Prompt selection: the built-in synthetic pool or a JSONL file, deduplicated, with a held-out split."""
+
+    source: Literal["synthetic", "jsonl"] = Field("synthetic", description="Where prompts come from.")
+    path: str | None = Field(None, description="JSONL file (local or fsspec URL) when source is `jsonl`.")
+    num_prompts: int = Field(gt=0, description="Prompts drawn from the synthetic pool (or kept from the file).")
+    num_eval: int = Field(gt=0, description="Prompts held out for evaluation, stratified by category.")
+    mix: dict[str, float] | None = Field(None, description="Category proportions for the synthetic pool.")
+    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
+
+
+class RegenerateConfig(StrictModel):
+    """Response regeneration: the target answers every user turn, in order."""
+
+    engine: Literal["hf", "openai", "vllm"] = Field("hf", description="Target engine backend.")
+    batch_size: int = Field(16, gt=0, description="Conversations generated together.")
+    max_new_tokens: int = Field(128, gt=0, description="Token limit per assistant turn.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    shard_size: int = Field(64, gt=0, description="Conversations per output shard (the resume unit).")
+    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
+
+
+class TokenizeConfig(StrictModel):
+    """Chat-template rendering with an assistant-only loss mask."""
+
+    max_length: int = Field(1024, gt=8, description="Longer conversations are truncated to this many tokens.")
+    num_workers: int = Field(2, ge=0, description="Tokenizer processes; 0 tokenizes in-process.")
+    last_turn_only: bool = Field(False, description="Only the final assistant turn carries loss.")
+    min_loss_tokens: int = Field(1, ge=0, description="Conversations with fewer loss tokens are dropped.")
+    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
+
+
+class HiddenStatesConfig(StrictModel):
+    """Target forward that captures the residual stream at the taps, plus the final hidden state."""
+
+    taps: list[int] = Field(
+        min_length=1,
+        description="Tap k is the residual stream after decoder layer k, counting from 1 (HF hidden_states[k]).",
+    )
+    last_hidden: Literal["post_norm", "pre_norm"] = Field(
+        "post_norm", description="Capture point of the last hidden state (post final norm by default)."
+    )
+    batch_tokens: int = Field(4096, gt=0, description="Token budget of one forward micro-batch.")
+    shard_samples: int = Field(256, gt=0, description="Samples per safetensors shard.")
+    store_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Dtype on disk.")
+    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
+
+    @field_validator("taps")
+    @classmethod
+    def _taps_ascending_unique(cls, taps: list[int]) -> list[int]:
+        for i, tap in enumerate(taps):
+            if tap < 1:
+                raise ValueError(f"taps[{i}] = {tap}: taps count from 1 (the output of the first layer)")
+        if taps != sorted(set(taps)):
+            raise ValueError(f"taps {taps} must be strictly ascending")
+        return taps
+
+
+class DrafterConfig(StrictModel):
+    """The EAGLE-3 drafter: one decoder layer over fused taps, a pruned vocabulary, TTT."""
+
+    kind: Literal["eagle3"] = Field("eagle3", description="Drafter family.")
+    num_heads: int = Field(gt=0, description="Attention heads of the draft layer.")
+    num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA).")
+    head_dim: int = Field(gt=0, description="Per-head width.")
+    intermediate_size: int = Field(gt=0, description="SwiGLU MLP width.")
+    draft_vocab_size: int = Field(gt=0, description="Draft vocabulary: the most frequent loss tokens.")
+    ttt_depth: int = Field(3, ge=1, le=16, description="Training-time-test depth (chain length trained).")
+    depth_decay: float = Field(0.8, gt=0.0, le=1.0, description="Loss weight of depth k is decay**k.")
+    fc_norm: bool = Field(False, description="EAGLE-3.1: RMSNorm each tap before the fc fusion.")
+    norm_output: bool = Field(False, description="EAGLE-3.1: feed norm(h) to the next depth.")
+    init_lm_head_from_target: bool = Field(
+        True, description="Start the draft lm_head from the target's rows (faster convergence)."
+    )
+
+    @field_validator("num_kv_heads")
+    @classmethod
+    def _kv_divides_heads(cls, kv: int, info) -> int:  # type: ignore[no-untyped-def]
+        heads = info.data.get("num_heads")
+        if heads is not None and heads % kv != 0:
+            raise ValueError(f"num_kv_heads ({kv}) must divide num_heads ({heads})")
+        return kv
+
+
+class TrainConfig(StrictModel):
+    """In-process drafter training (the FSDP2 trainer arrives with issue #6)."""
+
+    epochs: int = Field(2, gt=0, description="Passes over the training samples.")
+    lr: float = Field(1e-3, gt=0.0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps before cosine decay.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
+    batch_tokens: int = Field(4096, gt=0, description="Padded tokens per optimizer step.")
+    threads: int = Field(2, ge=1, description="torch intra-op threads.")
+    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
+
+
+class EvaluateConfig(StrictModel):
+    """Real speculative decoding of the held-out prompts, with and without the drafter."""
+
+    num_draft_tokens: int = Field(3, ge=1, description="Draft chain length per verification round.")
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per held-out prompt.")
+    max_prompts: int | None = Field(None, gt=0, description="Evaluate at most this many held-out prompts.")
+    verification: Literal["greedy"] = Field("greedy", description="Verification rule.")
+    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")

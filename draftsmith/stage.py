@@ -1,0 +1,106 @@
+"""Stage bookkeeping: content keys, resume from a valid manifest, the manifest as the commit point.
+
+A stage folder holds its artifacts, a `.stage-key` naming the inputs its partial work belongs to, and
+`manifest.json`, written last. A rerun with the same key returns the manifest without work; a rerun
+after a crash keeps the finished shards (stages resume shard by shard); a rerun with a different key
+starts the folder afresh, because its partial work answers other inputs.
+"""
+
+import hashlib
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from pydantic import BaseModel
+
+from draftsmith import storage
+from draftsmith.manifest import FileEntry, StageManifest
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+KEY_FILE = ".stage-key"
+
+
+@dataclass
+class StageResult:
+    """What a stage's compute function returns; `run_stage` turns it into the manifest."""
+
+    files: list[FileEntry]
+    counts: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+
+
+def _fingerprint(value: Any) -> str:
+    if isinstance(value, StageManifest):
+        # Content, not timestamps: a recomputed but identical upstream keeps downstream keys stable.
+        return value.key + ":" + ",".join(f.sha256 for f in value.files)
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return repr(value)
+
+
+def stage_key(stage: str, code: Iterable[ModuleType], **inputs: Any) -> str:
+    """Hash of the stage name, the source of the modules it runs, and its inputs."""
+    h = hashlib.sha256(stage.encode())
+    for module in code:
+        h.update(inspect.getsource(module).encode())
+    for name in sorted(inputs):
+        h.update(f"\0{name}=".encode() + _fingerprint(inputs[name]).encode())
+    return h.hexdigest()
+
+
+def load_manifest(stage_uri: str) -> StageManifest | None:
+    url = storage.join(stage_uri, MANIFEST)
+    if not storage.exists(url):
+        return None
+    return StageManifest.model_validate(storage.read_json(url))
+
+
+def valid_manifest(stage_uri: str, key: str) -> StageManifest | None:
+    """The finished manifest for `key`, if its artifacts are all still there."""
+    manifest = load_manifest(stage_uri)
+    if manifest is None or manifest.key != key or not manifest.artifacts_present():
+        return None
+    return manifest
+
+
+def _prepare_folder(stage_uri: str, key: str) -> None:
+    key_url = storage.join(stage_uri, KEY_FILE)
+    if storage.exists(key_url) and storage.read_bytes(key_url).decode() != key:
+        log.warning("%s: inputs changed since the partial work here; starting this stage afresh", stage_uri)
+        storage.remove_tree(stage_uri)
+    elif storage.exists(storage.join(stage_uri, MANIFEST)):
+        # A finished manifest for other inputs, or one whose artifacts went missing.
+        storage.remove_tree(storage.join(stage_uri, MANIFEST))
+    storage.makedirs(stage_uri)
+    storage.write_bytes(key_url, key.encode())
+
+
+def run_stage(stage: str, stage_uri: str, key: str, compute: Callable[[str], StageResult]) -> StageManifest:
+    """Return the stage's manifest, computing (or resuming) it only when needed."""
+    done = valid_manifest(stage_uri, key)
+    if done is not None:
+        log.info("%s: up to date (%s)", stage, stage_uri)
+        return done
+    _prepare_folder(stage_uri, key)
+    start = time.perf_counter()
+    result = compute(stage_uri)
+    manifest = StageManifest(
+        stage=stage,
+        key=key,
+        uri=stage_uri,
+        files=result.files,
+        counts=result.counts,
+        metrics=result.metrics,
+        info=result.info,
+        seconds=round(time.perf_counter() - start, 3),
+    )
+    storage.write_json(storage.join(stage_uri, MANIFEST), manifest.model_dump(mode="json"))
+    log.info("%s: done in %.1f s (%s)", stage, manifest.seconds, stage_uri)
+    return manifest

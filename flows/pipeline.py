@@ -1,0 +1,39 @@
+"""The `kimi-k3` flow: the six stages chained. Logic lives in `tasks/`; this file only wires it."""
+
+from prefect import flow
+
+from draftsmith import storage
+from draftsmith.config import PipelineConfig
+from draftsmith.manifest import StageManifest
+from tasks.evaluate import evaluate_task
+from tasks.hidden_states import hidden_states_task
+from tasks.regenerate import regenerate_task
+from tasks.select_prompts import select_prompts_task
+from tasks.tokenization import tokenize_task
+from tasks.train import train_task
+
+
+def default_run_dir(config: PipelineConfig) -> str:
+    return storage.join(config.storage.run_root, config.name)
+
+
+@flow(name="kimi-k3", flow_run_name="{config.name}", log_prints=True, validate_parameters=True)
+def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, StageManifest]:
+    """Select prompts, regenerate, tokenize, capture hidden states, train and evaluate a drafter."""
+    run_dir = run_dir or default_run_dir(config)
+    prompts = select_prompts_task(config.select, config.seed, run_dir)
+    conversations = regenerate_task(config.regenerate, config.target, prompts, config.seed, run_dir)
+    tokens = tokenize_task(config.tokenize, config.target, conversations, run_dir)
+    hidden = hidden_states_task(config.hidden_states, config.target, tokens, run_dir)
+    checkpoint = train_task(
+        config.train, config.drafter, config.target, config.hidden_states, hidden, config.seed, run_dir
+    )
+    results = evaluate_task(config.evaluate, config.target, prompts, checkpoint, run_dir)
+    return {
+        "select_prompts": prompts,
+        "regenerate": conversations,
+        "tokenize": tokens,
+        "hidden_states": hidden,
+        "train": checkpoint,
+        "evaluate": results,
+    }

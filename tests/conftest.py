@@ -1,0 +1,56 @@
+"""Shared fixtures: the tiny recipe, its target, and one tiny run of the stage functions."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "deployments" / "recipes"
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    from draftsmith.config import load_recipe
+
+    return load_recipe(RECIPES / "tiny-cpu.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_cfg):
+    from engines import hf
+
+    return hf.load_target(tiny_cfg.target)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_cfg, tmp_path_factory):
+    """Every stage function run once, in order, on the tiny recipe: `{stage: manifest}`."""
+    from tasks.evaluate import evaluate
+    from tasks.hidden_states import capture_hidden_states
+    from tasks.regenerate import regenerate
+    from tasks.select_prompts import select_prompts
+    from tasks.tokenization import tokenize
+    from tasks.train import train
+
+    run = str(tmp_path_factory.mktemp("tiny-run"))
+    c = tiny_cfg
+    out = {"select_prompts": select_prompts(c.select, seed=c.seed, out_uri=f"{run}/select_prompts")}
+    out["regenerate"] = regenerate(
+        c.regenerate, c.target, out["select_prompts"], seed=c.seed, out_uri=f"{run}/regenerate"
+    )
+    out["tokenize"] = tokenize(c.tokenize, c.target, out["regenerate"], out_uri=f"{run}/tokenize")
+    out["hidden_states"] = capture_hidden_states(
+        c.hidden_states, c.target, out["tokenize"], out_uri=f"{run}/hidden_states"
+    )
+    out["train"] = train(
+        c.train, c.drafter, c.target, c.hidden_states, out["hidden_states"], seed=c.seed, out_uri=f"{run}/train"
+    )
+    out["evaluate"] = evaluate(c.evaluate, c.target, out["select_prompts"], out["train"], out_uri=f"{run}/evaluate")
+    out["run_dir"] = run
+    return out

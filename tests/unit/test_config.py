@@ -1,0 +1,102 @@
+"""Recipes: every shipped recipe validates; bad ones fail with one line naming the dotted field."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from draftsmith.config import PipelineConfig, RecipeError, load_recipe
+from draftsmith.plan import render_plan
+
+pytestmark = pytest.mark.unit
+RECIPES = ["smollm2-cpu-eagle3", "tiny-cpu", "kimi-k3-eagle3"]
+
+
+@pytest.fixture
+def recipe_dir(tmp_path):
+    return tmp_path
+
+
+def _write(tmp_path, data) -> str:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _tiny_data():
+    from tests.conftest import RECIPES as DIR
+
+    return yaml.safe_load((DIR / "tiny-cpu.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_shipped_recipes_validate(name):
+    from tests.conftest import RECIPES as DIR
+
+    cfg = load_recipe(DIR / f"{name}.yaml")
+    assert cfg.name == name
+    assert PipelineConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["train"].update(bogus=1), "train.bogus: unknown key"),
+        (lambda d: d["hidden_states"].update(taps=[1, 2, 4]), "hidden_states.taps[2]: tap 4 must be below target.num_layers (4)"),
+        (lambda d: d["select"].update(num_prompts=-5), "select.num_prompts: Input should be greater than 0"),
+        (lambda d: d["select"].update(source="jsonl", path="/nonexistent/prompts.jsonl"),
+         "select.path: file or folder '/nonexistent/prompts.jsonl' does not exist"),
+        (lambda d: d["hidden_states"].update(taps=[0, 2]), "hidden_states.taps: Value error, taps[0] = 0"),
+        (lambda d: d["drafter"].update(num_kv_heads=3), "drafter.num_kv_heads: num_kv_heads (3) must divide num_heads (4)"),
+        (lambda d: d.pop("target"), "target: Field required"),
+    ],
+    ids=["unknown-key", "tap-too-high", "negative-count", "missing-file", "tap-zero", "gqa", "missing-section"],
+)
+def test_bad_recipe_names_the_field(tmp_path, mutate, expected):
+    data = _tiny_data()
+    mutate(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ")
+    assert expected.replace("Value error, ", "") in message
+
+
+@pytest.mark.parametrize("field", ["hidden_states.taps", "train.bogus"])
+def test_cli_bad_recipe_exits_2_with_one_line(tmp_path, field):
+    data = _tiny_data()
+    if field == "hidden_states.taps":
+        data["hidden_states"]["taps"] = [1, 9]
+    else:
+        data["train"]["bogus"] = True
+    path = _write(tmp_path, data)
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", "validate", path], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and field in lines[0], proc.stderr
+
+
+def test_overrides_apply_before_validation():
+    from tests.conftest import RECIPES as DIR
+
+    cfg = load_recipe(DIR / "tiny-cpu.yaml", {"train.epochs": 7})
+    assert cfg.train.epochs == 7
+    with pytest.raises(RecipeError, match="train.epochs"):
+        load_recipe(DIR / "tiny-cpu.yaml", {"train.epochs": 0})
+
+
+def test_kimi_plan_names_every_stage_pool_and_size():
+    from tests.conftest import RECIPES as DIR
+
+    cfg = load_recipe(DIR / "kimi-k3-eagle3.yaml")
+    plan = render_plan(cfg, "s3://bucket/run")
+    for stage in ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]:
+        assert f"s3://bucket/run/{stage}" in plan
+    for pool in ["pool=gb200 ", "pool=gb200-train", "pool=cpu "]:
+        assert pool in plan
+    # 3 taps + last hidden, H = 7168, bf16, plus a 4-byte id and 1-byte mask per token.
+    assert f"{4 * 7168 * 2 + 5:,} bytes/token" in plan

@@ -1,0 +1,62 @@
+"""The drafter trains on exactly what it sees at inference, and greedy verification is exact."""
+
+import pytest
+import torch
+
+from drafters.eagle3.decode import DraftCache, _draft_forward
+from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from drafters.verify import greedy_verify
+
+pytestmark = pytest.mark.unit
+
+
+def _drafter(norm_output: bool, fc_norm: bool) -> Eagle3Drafter:
+    torch.manual_seed(0)
+    spec = Eagle3Spec(hidden_size=32, target_hidden_size=24, num_taps=3, num_heads=4, num_kv_heads=2,
+                      head_dim=8, intermediate_size=64, vocab_size=50, draft_vocab_size=50,
+                      rope_theta=10000.0, fc_norm=fc_norm, norm_output=norm_output)
+    model = Eagle3Drafter(spec).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize(("norm_output", "fc_norm"), [(False, False), (True, True)])
+@torch.no_grad()
+def test_ttt_depths_equal_the_inference_chain(norm_output, fc_norm):
+    """Depth k at position t == chain step k after a context of positions 0..t (teacher-forced tokens)."""
+    model = _drafter(norm_output, fc_norm)
+    S, depth = 9, 3
+    ids = torch.randint(0, 50, (1, S))
+    feats = torch.randn(1, S, 3 * 24)
+    ttt = model.ttt_forward(ids, feats, depth)
+    for t in range(S - depth - 1):
+        cache = DraftCache()
+        logits, hidden = _draft_forward(model, ids[0, 1 : t + 2], model.fuse(feats[:, : t + 1])[0], 0, cache)
+        torch.testing.assert_close(logits[-1], ttt[0][0, t], rtol=1e-5, atol=1e-5)
+        hidden = hidden[-1:]
+        for k in range(1, depth):
+            logits, hidden = _draft_forward(model, ids[0, t + 1 + k].view(1), hidden, t + k, cache)
+            torch.testing.assert_close(logits[-1], ttt[k][0, t], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_ttt_position_does_not_see_the_future():
+    model = _drafter(False, False)
+    ids = torch.randint(0, 50, (1, 8))
+    feats = torch.randn(1, 8, 72)
+    a = model.ttt_forward(ids, feats, 2)
+    feats2, ids2 = feats.clone(), ids.clone()
+    feats2[:, 5:] += 1.0
+    ids2[:, 6:] = (ids2[:, 6:] + 1) % 50  # token t+1+k for t <= 3, k <= 1 is untouched
+    b = model.ttt_forward(ids2, feats2, 2)
+    torch.testing.assert_close(a[0][:, :5], b[0][:, :5])
+    torch.testing.assert_close(a[1][:, :4], b[1][:, :4])
+
+
+def test_greedy_verify_rules():
+    target = torch.tensor([5, 6, 7, 8])
+    assert greedy_verify(torch.tensor([5, 6, 7]), target) == (3, [5, 6, 7, 8])  # all accepted + bonus
+    assert greedy_verify(torch.tensor([5, 9, 7]), target) == (1, [5, 6])  # stop at first miss, correct it
+    assert greedy_verify(torch.tensor([1, 6, 7]), target) == (0, [5])  # later matches do not count
