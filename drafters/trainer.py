@@ -40,11 +40,17 @@ class TrainReport:
 
 
 @torch.no_grad()
-def mark_draftable(samples: list[TrainSample], target_head_VH: torch.Tensor, t2d: torch.Tensor, chunk: int = 1024) -> None:
-    """Set `in_draft` per sample: is the target's full-vocabulary argmax in the draft vocabulary?"""
+def mark_draftable(samples: list[TrainSample], target_head_VH: torch.Tensor, t2d: torch.Tensor) -> None:
+    """Set `in_draft` per sample: is the target's full-vocabulary argmax in the draft vocabulary?
+
+    Only positions followed by a loss token can count, so only those pay for the `[*, V]` product.
+    """
     for s in samples:
-        argmax = torch.cat([(part.float() @ target_head_VH.T).argmax(-1) for part in s.last_hidden.split(chunk)])
-        s.in_draft = t2d[argmax]
+        needed = torch.zeros_like(s.loss_mask)
+        needed[:-1] = s.loss_mask[1:]
+        s.in_draft = torch.zeros_like(s.loss_mask)
+        if needed.any():
+            s.in_draft[needed] = t2d[(s.last_hidden[needed].float() @ target_head_VH.T).argmax(-1)]
 
 
 def lr_lambda(warmup: int, total: int, floor: float = 0.1):  # type: ignore[no-untyped-def]
@@ -85,10 +91,11 @@ def train_eagle3(
     for epoch in range(cfg.epochs):
         for batch_idx in length_grouped_batches(lengths, cfg.batch_tokens, seed=seed + epoch):
             batch = collate([samples[i] for i in batch_idx])
-            with torch.no_grad():
-                target_logp = (batch["last_hidden"] @ draft_head.T).log_softmax(-1)
             mask = position_mask(batch["loss_mask"], batch["in_draft"])
-            out = ttt_loss(model.ttt_forward(batch["input_ids"], batch["features"], depth), target_logp, mask, decay)
+            with torch.no_grad():
+                target_logp = (batch["last_hidden"][mask] @ draft_head.T).log_softmax(-1)
+            hidden = model.ttt_hidden(batch["input_ids"], batch["features"], depth)
+            out = ttt_loss(model.logits, hidden, target_logp, mask, decay)
             opt.zero_grad(set_to_none=True)
             out.total.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

@@ -1,7 +1,9 @@
 """Prefect cache keys that also check a stage's artifacts still exist.
 
 A key made of inputs and source alone would happily replay a manifest whose files were deleted. Here,
-no valid manifest on disk means no key at all (the task runs), and a valid one folds its own key in.
+no valid manifest on disk means no key at all (the task runs), and a valid one folds its own key and
+file hashes in. So the first rerun after a stage completes runs the task body, which finds the valid
+manifest on disk and returns it without work; later reruns are Prefect cache hits.
 """
 
 import hashlib
@@ -33,6 +35,7 @@ def artifact_cache_key(stage: str) -> Callable[[Any, dict[str, Any]], str | None
         for name in sorted(parameters):
             h.update(f"\0{name}={_param_fingerprint(parameters[name])}".encode())
         h.update(manifest.key.encode())
+        h.update(",".join(f.sha256 for f in manifest.files).encode())
         return h.hexdigest()
 
     return key_fn

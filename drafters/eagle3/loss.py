@@ -1,13 +1,16 @@
 """The EAGLE-3 TTT objective: forward KL to the target's distribution, depth-weighted.
 
-Depth k at position t predicts the target distribution at position t + 1 + k (over token t + 2 + k),
-renormalised over the draft vocabulary. A position counts when the token it predicts is a loss token
-and the target's argmax there is in the draft vocabulary (otherwise no draft could be accepted).
+Depth k at position t predicts the target distribution at position p = t + 1 + k (over token p + 1),
+renormalised over the draft vocabulary. A target position p counts when token p + 1 is a loss token
+and the target's argmax at p is in the draft vocabulary (otherwise no draft could be accepted).
 Total = sum_k decay**k * L_k, each L_k a mean over its counted positions.
 
-Shape legend: B batch, S sequence, Vd draft vocabulary.
+Only counted positions reach the lm_head: padding and prompt tokens never pay for the `[*, Vd]` logits.
+
+Shape legend: B batch, S sequence, H drafter width, Vd draft vocabulary, n counted target positions.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,28 +34,35 @@ def position_mask(loss_mask_BS: torch.Tensor, in_draft_BS: torch.Tensor) -> torc
 
 
 def ttt_loss(
-    step_logits: list[torch.Tensor], target_logp_BSV: torch.Tensor, mask_BS: torch.Tensor, decay: float
+    head: Callable[[torch.Tensor], torch.Tensor],
+    step_hidden: list[torch.Tensor],
+    target_logp_nV: torch.Tensor,
+    mask_BS: torch.Tensor,
+    decay: float,
 ) -> TTTLoss:
     """Depth-weighted soft cross-entropy (forward KL up to the target's entropy).
 
     Args:
-        step_logits: per depth, draft logits `[B, S, Vd]` (position t of depth k).
-        target_logp_BSV: target log-probabilities over the draft vocabulary at each position p.
+        head: maps drafter hidden rows `[m, H]` to draft logits `[m, Vd]` (norm and lm_head).
+        step_hidden: per depth, the drafter's output `[B, S, H]` at every position t.
+        target_logp_nV: target log-probabilities over the draft vocabulary at the counted positions,
+            i.e. at `mask_BS.nonzero()` in row-major order.
         mask_BS: `position_mask(...)` over target positions p.
         decay: depth k is weighted `decay**k`.
     """
+    b, p = mask_BS.nonzero(as_tuple=True)
     losses, accs, counts = [], [], []
-    for k, logits in enumerate(step_logits):
-        target = shift_left(target_logp_BSV, 1 + k)
-        mask = shift_left(mask_BS, 1 + k, False)
-        ce = -(target.exp() * logits.float().log_softmax(-1)).sum(-1)
-        n = mask.sum()
+    for k, hidden in enumerate(step_hidden):
+        keep = p >= 1 + k  # depth k at t = p - 1 - k needs t >= 0
+        logits = head(hidden[b[keep], p[keep] - 1 - k]).float()
+        target = target_logp_nV[keep]
+        n = keep.sum()
         denom = n.clamp(min=1)
-        losses.append((ce * mask).sum() / denom)
-        accs.append(((logits.argmax(-1) == target.argmax(-1)) & mask).sum() / denom)
+        losses.append(-(target.exp() * logits.log_softmax(-1)).sum() / denom)
+        accs.append((logits.argmax(-1) == target.argmax(-1)).sum() / denom)
         counts.append(n)
     step_loss = torch.stack(losses)
-    weights = decay ** torch.arange(len(step_logits), dtype=step_loss.dtype)
+    weights = decay ** torch.arange(len(step_hidden), dtype=step_loss.dtype)
     return TTTLoss(
         total=(weights * step_loss).sum(),
         step_loss=step_loss,

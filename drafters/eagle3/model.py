@@ -117,8 +117,16 @@ class Eagle3Drafter(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
+    def logits(self, hidden_BSH: torch.Tensor) -> torch.Tensor:
+        """Draft logits `[..., Vd]` from the layer output `[..., H]`."""
+        return self.lm_head(self.norm(hidden_BSH))
+
     def ttt_forward(self, input_ids_BS: torch.Tensor, features_BSF: torch.Tensor, depth: int) -> list[torch.Tensor]:
-        """Training-time test: draft logits `[B, S, Vd]` for each depth 0..depth-1.
+        """Draft logits `[B, S, Vd]` for each depth 0..depth-1 (see `ttt_hidden`)."""
+        return [self.logits(h) for h in self.ttt_hidden(input_ids_BS, features_BSF, depth)]
+
+    def ttt_hidden(self, input_ids_BS: torch.Tensor, features_BSF: torch.Tensor, depth: int) -> list[torch.Tensor]:
+        """Training-time test: the layer output `[B, S, H]` (before norm and lm_head) for each depth.
 
         Position t carries target feature f_t and the embedding of token t+1 + k at depth k, at RoPE
         position t + k. Depth k's query at t attends to depth-0 keys at positions <= t and to the key
@@ -131,7 +139,7 @@ class Eagle3Drafter(nn.Module):
         base_k = base_v = None
         diag_k: list[torch.Tensor] = []
         diag_v: list[torch.Tensor] = []
-        logits = []
+        outputs = []
         for k in range(depth):
             tokens = shift_left(input_ids_BS, 1 + k)
             cos, sin = self.rope(torch.arange(S, device=input_ids_BS.device) + k)
@@ -148,9 +156,10 @@ class Eagle3Drafter(nn.Module):
             out = probs[..., :S] @ base_v
             for j, dv in enumerate(diag_v):
                 out = out + probs[..., S + j : S + j + 1] * dv
-            step_logits, hidden = self.head(self.midlayer.finish(out, hidden))
-            logits.append(step_logits)
-        return logits
+            h_out = self.midlayer.finish(out, hidden)
+            outputs.append(h_out)
+            hidden = self.norm(h_out) if self.spec.norm_output else h_out
+        return outputs
 
 
 def shift_left(x: torch.Tensor, n: int, fill: int | float = 0) -> torch.Tensor:

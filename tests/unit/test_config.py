@@ -100,3 +100,15 @@ def test_kimi_plan_names_every_stage_pool_and_size():
         assert pool in plan
     # 3 taps + last hidden, H = 7168, bf16, plus a 4-byte id and 1-byte mask per token.
     assert f"{4 * 7168 * 2 + 5:,} bytes/token" in plan
+
+
+def test_prefect_yaml_parameters_match_their_recipes():
+    """Each deployment's default `config` is a copy of the recipe it names; they must not drift."""
+    from tests.conftest import RECIPES as DIR
+
+    doc = yaml.safe_load((DIR.parent / "prefect.yaml").read_text())
+    assert doc["deployments"], "prefect.yaml defines no deployments"
+    for dep in doc["deployments"]:
+        params = PipelineConfig.model_validate(dep["parameters"]["config"])
+        assert params == load_recipe(DIR / f"{params.name}.yaml"), dep["name"]
+        assert dep["entrypoint"] == "flows/pipeline.py:kimi_k3"

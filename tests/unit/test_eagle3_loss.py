@@ -10,6 +10,11 @@ from drafters.eagle3.loss import position_mask, simulated_acc_len, ttt_loss
 pytestmark = pytest.mark.unit
 
 
+def _identity(rows):
+    """The test feeds logits directly as the 'hidden' rows."""
+    return rows
+
+
 def _case():
     # One sequence, S = 4, draft vocabulary of 2. Target distributions at positions p = 0..3:
     target_p = torch.tensor([[[0.9, 0.1], [0.25, 0.75], [1.0, 0.0], [0.1, 0.9]]])
@@ -25,7 +30,7 @@ def test_hand_checked_total_and_per_depth():
     mask = position_mask(loss_mask, torch.ones(1, 4, dtype=torch.bool))
     # position_mask[p] = loss_mask[p + 1]: p = 0, 1, 2 count; p = 3 has no next token.
     assert mask.tolist() == [[True, True, True, False]]
-    out = ttt_loss(logits, target_logp, mask, decay=0.8)
+    out = ttt_loss(_identity, logits, target_logp[mask], mask, decay=0.8)
     # Depth 0, t = 0 predicts p = 1: -(0.25 ln 0.75 + 0.75 ln 0.25) = 1.111641
     #          t = 1 predicts p = 2: -ln 0.75 = 0.287682;  t = 2 -> p = 3 masked.   L0 = 0.699662
     # Depth 1, t = 0 predicts p = 2 under a uniform draft: ln 2 = 0.693147;  t = 1 -> p = 3 masked.
@@ -40,7 +45,8 @@ def test_hand_checked_total_and_per_depth():
 def test_positions_whose_target_argmax_is_not_draftable_do_not_count():
     target_logp, loss_mask, logits = _case()
     in_draft = torch.tensor([[True, True, False, True]])
-    out = ttt_loss(logits, target_logp, position_mask(loss_mask, in_draft), decay=0.8)
+    mask = position_mask(loss_mask, in_draft)
+    out = ttt_loss(_identity, logits, target_logp[mask], mask, decay=0.8)
     assert out.step_loss.tolist() == pytest.approx([1.111641, 0.0], abs=1e-6)
     assert out.step_count.tolist() == [1, 0]
     assert float(out.total) == pytest.approx(1.111641, abs=1e-6)
@@ -49,7 +55,8 @@ def test_positions_whose_target_argmax_is_not_draftable_do_not_count():
 def test_gradient_flows_only_through_counted_positions():
     target_logp, loss_mask, logits = _case()
     logits = [lg.clone().requires_grad_(True) for lg in logits]
-    out = ttt_loss(logits, target_logp, position_mask(loss_mask, torch.ones(1, 4, dtype=torch.bool)), decay=0.5)
+    mask = position_mask(loss_mask, torch.ones(1, 4, dtype=torch.bool))
+    out = ttt_loss(_identity, logits, target_logp[mask], mask, decay=0.5)
     out.total.backward()
     assert logits[0].grad[0, :2].abs().sum() > 0 and logits[0].grad[0, 2:].abs().sum() == 0
     assert logits[1].grad[0, 0].abs().sum() > 0 and logits[1].grad[0, 1:].abs().sum() == 0

@@ -1,0 +1,54 @@
+"""The `kimi-k3` flow end to end on the tiny recipe, then again from cache."""
+
+import asyncio
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.testing.utilities import prefect_test_harness
+
+from draftsmith import storage
+from flows.pipeline import kimi_k3
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+STAGES = ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]
+
+
+@pytest.fixture(scope="module")
+def harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+async def _task_states(flow_run_id) -> dict[str, str]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+
+
+@pytest.mark.timeout(900)
+def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
+    run_dir = str(tmp_path / "run")
+    first = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
+    assert first.is_completed(), first
+    manifests = first.result()
+    assert list(manifests) == STAGES
+    results = storage.read_json(manifests["evaluate"].path("results.json"))
+    assert {"drafter", "acc_len", "tokens_per_s"} <= set(results)
+    assert "overall" in results["acc_len"]
+
+    second = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
+    assert second.is_completed()
+    # Nothing recomputed: every stage returned the manifest written by the first run.
+    assert second.result() == manifests
+    third = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
+    states = asyncio.run(_task_states(third.state_details.flow_run_id))
+    assert set(states.values()) == {"Cached"}, states
+
+    # A stage whose artifacts vanished is recomputed, not replayed from the cache.
+    storage.remove_tree(storage.join(run_dir, "evaluate", "results.json"))
+    fourth = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
+    states = asyncio.run(_task_states(fourth.state_details.flow_run_id))
+    assert states["evaluate"] == "Completed" and states["train"] == "Cached", states
+    assert storage.exists(storage.join(run_dir, "evaluate", "results.json"))

@@ -1,0 +1,165 @@
+"""Each stage function on the tiny recipe: real target, real files, resumable, and checked."""
+
+import json
+
+import pytest
+import torch
+
+from draftsmith import storage, tensorio
+from draftsmith.stage import valid_manifest
+from drafters.data import load_hidden_shards
+from drafters.eagle3.export import load_drafter
+from engines import hf
+from tasks.regenerate import read_conversations, regenerate
+from tasks.select_prompts import read_prompts
+from tasks.tokenization import read_token_shard
+
+pytestmark = pytest.mark.integration
+
+
+def test_select_splits_without_overlap(tiny_cfg, tiny_run):
+    m = tiny_run["select_prompts"]
+    train, held = read_prompts(m, "train"), read_prompts(m, "eval")
+    assert len(train) + len(held) == tiny_cfg.select.num_prompts
+    assert not {r.id for r in train} & {r.id for r in held}
+    assert sum(v for k, v in m.counts.items() if k.startswith("category.")) == tiny_cfg.select.num_prompts
+    assert len(held) == m.counts["eval"] and len(held) >= 1
+
+
+def test_regenerate_answers_every_turn_in_order(tiny_run):
+    m = tiny_run["regenerate"]
+    prompts = {r.id: r for r in read_prompts(tiny_run["select_prompts"], "train")}
+    rows = read_conversations(m)
+    assert len(rows) + m.counts.get("dropped.empty_answer", 0) == len(prompts)
+    for row in rows:
+        turns = prompts[row["id"]].turns
+        users = [x["content"] for x in row["messages"] if x["role"] == "user"]
+        answers = [x for x in row["messages"] if x["role"] == "assistant"]
+        assert users == turns and len(answers) == len(turns) == len(row["finish"])
+        roles = [x["role"] for x in row["messages"] if x["role"] != "system"]
+        assert roles == ["user", "assistant"] * len(turns)
+    assert {"engine", "model", "chat_template_sha256", "sampling"} <= set(m.info)
+
+
+def test_regenerate_turn_two_is_conditioned_on_turn_one(tiny_cfg, tiny_target):
+    from tasks.prompt_pool import PromptRecord
+    from tasks.regenerate import regenerate_shard
+
+    model, tok = tiny_target
+    rec = PromptRecord(id="x", category="dialogue", turns=["Tell me about owls.", "Shorter please."])
+    [row] = regenerate_shard(tiny_cfg.regenerate, model, tok, [rec], seed=0)
+    first = row["messages"][1]["content"]
+    direct = hf.chat_generate(model, tok, [[{"role": "user", "content": "Tell me about owls."},
+                                            {"role": "assistant", "content": first},
+                                            {"role": "user", "content": "Shorter please."}]],
+                              max_new_tokens=tiny_cfg.regenerate.max_new_tokens, temperature=0.0, top_p=1.0)
+    assert row["messages"][3]["content"] == direct[0].text
+
+
+def test_regenerate_resumes_finished_shards(tiny_cfg, tiny_run, tmp_path):
+    src = tiny_run["regenerate"]
+    out = str(tmp_path / "regenerate")
+    storage.makedirs(out)
+    # A killed run left the key and its first finished shard, but no manifest.
+    storage.write_bytes(f"{out}/.stage-key", storage.read_bytes(f"{src.uri}/.stage-key"))
+    first = src.names("conversations-")[0]
+    storage.write_bytes(f"{out}/{first}", b'{"id": "sentinel", "category": "c", "messages": [], "finish": []}\n')
+    m = regenerate(tiny_cfg.regenerate, tiny_cfg.target, tiny_run["select_prompts"], seed=tiny_cfg.seed,
+                   out_uri=out)
+    rows = read_conversations(m)
+    assert rows[0]["id"] == "sentinel"  # the finished shard was kept, not redone
+    assert [r["id"] for r in rows[1:]] == [r["id"] for r in read_conversations(src)][len(
+        storage.read_jsonl(src.path(first))):]
+    assert valid_manifest(out, m.key) is not None
+
+
+def test_tokenize_masks_exactly_the_assistant_turns(tiny_cfg, tiny_run, tiny_target):
+    _, tok = tiny_target
+    m = tiny_run["tokenize"]
+    rows = {r["id"]: r for r in read_conversations(tiny_run["regenerate"])}
+    samples = [s for name in m.names("tokens-") for s in read_token_shard(storage.read_bytes(m.path(name)))]
+    assert len(samples) == m.counts["samples"] > 0
+    for s in samples:
+        masked = tok.decode(s["input_ids"][s["loss_mask"]])
+        expected = "".join(f"{x['content']}<|im_end|>\n" for x in rows[s["id"]]["messages"] if x["role"] == "assistant")
+        if len(s["input_ids"]) < tiny_cfg.tokenize.max_length:
+            assert masked == expected
+        else:  # truncated: the mask covers a prefix of the assistant text
+            assert expected.startswith(masked) and masked
+
+
+def test_hidden_states_match_a_manual_layer_by_layer_forward(tiny_cfg, tiny_run, tiny_target):
+    model, _ = tiny_target
+    samples = load_hidden_shards(tiny_run["hidden_states"])
+    base, layers, norm = hf.decoder_parts(model)
+    for s in samples[:3]:
+        ids = s.input_ids[None]
+        with torch.no_grad():
+            x = base.embed_tokens(ids)
+            pos = torch.arange(ids.shape[1])[None]
+            rope = base.rotary_emb(x, position_ids=pos)
+            mask = torch.full((ids.shape[1], ids.shape[1]), float("-inf")).triu(1)[None, None]
+            outs = []
+            for layer in layers:
+                x = layer(x, attention_mask=mask, position_embeddings=rope, position_ids=pos)
+                outs.append(x)
+            manual_taps = torch.cat([outs[k - 1][0] for k in tiny_cfg.hidden_states.taps], dim=-1)
+            manual_last = norm(outs[-1])[0]
+        # Stored in bf16: exact to bf16 rounding of the fp32 forward.
+        torch.testing.assert_close(s.features, manual_taps.to(torch.bfloat16), rtol=0, atol=0)
+        torch.testing.assert_close(s.last_hidden, manual_last.to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_taps_equal_hf_hidden_states_bitwise_in_fp32(tiny_cfg, tiny_target):
+    model, tok = tiny_target
+    ids = torch.tensor([tok("Hello there, how are you today?")["input_ids"]])
+    taps, last = hf.forward_with_taps(model, ids, torch.ones_like(ids), tiny_cfg.hidden_states.taps)
+    ref = model(input_ids=ids, output_hidden_states=True).hidden_states
+    for i, k in enumerate(tiny_cfg.hidden_states.taps):
+        assert torch.equal(taps[0, :, i], ref[k][0])
+    assert torch.equal(last[0], model.model.norm(ref[-2][0]) if len(ref) > model.config.num_hidden_layers + 1 else ref[-1][0])
+
+
+def test_hidden_state_shards_have_index_and_dataset_json(tiny_cfg, tiny_run):
+    m = tiny_run["hidden_states"]
+    dataset = storage.read_json(m.path("dataset.json"))
+    assert dataset["taps"] == tiny_cfg.hidden_states.taps and dataset["last_hidden"] == "post_norm"
+    index = storage.read_jsonl(m.path("index.jsonl"))
+    assert len(index) == m.counts["samples"]
+    tensors, meta = tensorio.loads(storage.read_bytes(m.path(index[0]["shard"])))
+    F = len(tiny_cfg.hidden_states.taps) * tiny_cfg.target.hidden_size
+    assert tensors["hidden_states"].shape == (tensors["input_ids"].numel(), F)
+    assert tensors["hidden_states"].dtype == torch.bfloat16
+    assert json.loads(meta["taps"]) == tiny_cfg.hidden_states.taps
+
+
+def test_train_writes_a_loadable_serving_checkpoint(tiny_cfg, tiny_run, tiny_target):
+    model, _ = tiny_target
+    m = tiny_run["train"]
+    config = storage.read_json(m.path("config.json"))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == tiny_cfg.hidden_states.taps
+    assert config["draft_vocab_size"] == tiny_cfg.drafter.draft_vocab_size
+    drafter, taps = load_drafter(m.uri, model.get_input_embeddings().weight)
+    assert taps == tiny_cfg.hidden_states.taps
+    history = storage.read_jsonl(m.path("metrics.jsonl"))
+    assert len(history) == m.counts["steps"] > 1
+    assert history[-1]["loss"] < history[0]["loss"]
+
+
+def test_evaluate_is_lossless_and_reports_acc_len(tiny_run):
+    results = storage.read_json(tiny_run["evaluate"].path("results.json"))
+    assert results["drafter"] == "eagle3"
+    assert results["mismatched_outputs"] == 0
+    assert results["acc_len"]["overall"] >= 1.0
+    rows = storage.read_jsonl(tiny_run["evaluate"].path("prompts.jsonl"))
+    rounds = sum(r["rounds"] for r in rows)
+    assert results["acc_len"]["overall"] == pytest.approx(1 + sum(r["accepted"] for r in rows) / rounds, abs=1e-4)
+    assert set(results["tokens_per_s"]) == {"baseline", "speculative"}
+
+
+def test_rerun_is_served_from_the_manifest(tiny_cfg, tiny_run):
+    from tasks.tokenization import tokenize
+
+    m = tokenize(tiny_cfg.tokenize, tiny_cfg.target, tiny_run["regenerate"], out_uri=tiny_run["tokenize"].uri)
+    assert m == tiny_run["tokenize"]
