@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.config import TrainConfig
 from drafters.data import TrainSample, collate, length_grouped_batches
 from drafters.eagle3.loss import position_mask, simulated_acc_len, ttt_loss
 from drafters.eagle3.model import Eagle3Drafter
 from drafters.vocab import draft_ids
+from draftsmith.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -94,8 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("setup-target", help="build the embedded SmolLM2 target and the tiny test target")
-    for name, helptext in (("run", "run a recipe end to end"), ("plan", "print what a recipe would do"),
-                           ("validate", "validate a recipe")):
+    for name, helptext in (
+        ("run", "run a recipe end to end"),
+        ("plan", "print what a recipe would do"),
+        ("validate", "validate a recipe"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("recipe", type=Path, help="YAML recipe, e.g. deployments/recipes/smollm2-cpu-eagle3.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a dotted recipe field")

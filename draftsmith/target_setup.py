@@ -203,9 +203,7 @@ def _check_tokenizer(folder: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     hi = [{"role": "user", "content": "hi"}]
-    prompt = (
-        tok.apply_chat_template(hi, add_generation_prompt=True, tokenize=False) if tok.chat_template else ""
-    )
+    prompt = tok.apply_chat_template(hi, add_generation_prompt=True, tokenize=False) if tok.chat_template else ""
     gen_eos = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
     im_end = tok.convert_tokens_to_ids(CHAT_END_TOKEN)
     checks = {

@@ -32,9 +32,7 @@ class Completion:
 @functools.lru_cache(maxsize=2)
 def _load(path: str, dtype: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     model.eval()
     model.requires_grad_(False)
     if tok.pad_token_id is None:

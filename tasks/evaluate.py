@@ -12,13 +12,13 @@ from collections import defaultdict
 import torch
 from prefect import task
 
+from drafters import verify
+from drafters.eagle3 import decode, export
 from draftsmith import storage
 from draftsmith.caching import artifact_cache_key
 from draftsmith.config import EvaluateConfig, TargetConfig
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.stage import StageResult, run_stage, stage_key
-from drafters import verify
-from drafters.eagle3 import decode, export
 from engines import hf
 from tasks.prompt_pool import PromptRecord
 from tasks.select_prompts import read_prompts
@@ -75,11 +75,22 @@ def format_table(results: dict) -> str:
 
 
 def evaluate(
-    cfg: EvaluateConfig, target: TargetConfig, prompts: StageManifest, checkpoint: StageManifest, *, out_uri: str
+    cfg: EvaluateConfig,
+    target: TargetConfig,
+    prompts: StageManifest,
+    checkpoint: StageManifest,
+    *,
+    out_uri: str,
 ) -> StageManifest:
     """Write `results.json` and per-prompt `prompts.jsonl` under `out_uri`."""
-    key = stage_key(STAGE, [sys.modules[__name__], decode, verify], cfg=cfg, target=target, prompts=prompts,
-                    checkpoint=checkpoint)
+    key = stage_key(
+        STAGE,
+        [sys.modules[__name__], decode, verify],
+        cfg=cfg,
+        target=target,
+        prompts=prompts,
+        checkpoint=checkpoint,
+    )
 
     def compute(uri: str) -> StageResult:
         model, tok = hf.load_target(target)
@@ -94,9 +105,18 @@ def evaluate(
             spec = decode.speculative_generate(
                 model, drafter, taps, ids, g=cfg.num_draft_tokens, max_new=cfg.max_new_tokens, eos=eos
             )
-            rows.append({"id": rec.id, "category": rec.category, "tokens": len(base.tokens),
-                         "rounds": spec.rounds, "accepted": spec.accepted, "identical": spec.tokens == base.tokens,
-                         "baseline_seconds": base.seconds, "speculative_seconds": spec.seconds})
+            rows.append(
+                {
+                    "id": rec.id,
+                    "category": rec.category,
+                    "tokens": len(base.tokens),
+                    "rounds": spec.rounds,
+                    "accepted": spec.accepted,
+                    "identical": spec.tokens == base.tokens,
+                    "baseline_seconds": base.seconds,
+                    "speculative_seconds": spec.seconds,
+                }
+            )
         results = summarise(rows, checkpoint.info.get("drafter", "eagle3"))
         files = [
             file_entry(uri, "results.json", (json.dumps(results, indent=2) + "\n").encode()),

@@ -40,7 +40,9 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
-def capture_samples(model, samples: list[dict], cfg: HiddenStatesConfig, pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[no-untyped-def]
+def capture_samples(
+    model, samples: list[dict], cfg: HiddenStatesConfig, pad_id: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[no-untyped-def]
     """Per sample: taps `[S, N*H]` and last hidden `[S, H]`, in `store_dtype`, in input order."""
     dtype = getattr(torch, cfg.store_dtype)
     out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(samples)
@@ -97,8 +99,15 @@ def capture_hidden_states(
             start = 0
             for s in samples:
                 n = len(s["input_ids"])
-                index.append({"id": s["id"], "shard": out_name, "start": start, "length": n,
-                              "loss_tokens": int(s["loss_mask"].sum())})
+                index.append(
+                    {
+                        "id": s["id"],
+                        "shard": out_name,
+                        "start": start,
+                        "length": n,
+                        "loss_tokens": int(s["loss_mask"].sum()),
+                    }
+                )
                 start += n
             log.info("hidden_states: %s (%d samples)", out_name, len(samples))
         dataset = {

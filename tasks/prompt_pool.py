@@ -66,123 +66,210 @@ class PromptRecord(BaseModel):
 # --------------------------------------------------------------------------------------------------
 # Vocabulary for the synthetic pool ("|" separates entries that contain spaces).
 
-_SYSTEM_PROMPTS = ("You are a helpful assistant.", "You are a concise assistant. Keep answers short.",
-                   "You are a patient tutor who explains things step by step.",
-                   "You are a friendly assistant. Answer clearly and politely.",
-                   "You are a knowledgeable assistant. Be accurate and clear.",
-                   "Answer in plain language and avoid jargon.")
+_SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "You are a concise assistant. Keep answers short.",
+    "You are a patient tutor who explains things step by step.",
+    "You are a friendly assistant. Answer clearly and politely.",
+    "You are a knowledgeable assistant. Be accurate and clear.",
+    "Answer in plain language and avoid jargon.",
+)
 _MATH_SUFFIXES = ("", "", " Show your work.", " Explain step by step.", " Give only the final answer.")
-_QA_SUFFIXES = ("", "", " Keep it brief.", " Answer in two or three sentences.", " Use an everyday example.",
-                " Explain step by step.", " Answer for a curious teenager.")
+_QA_SUFFIXES = (
+    "",
+    "",
+    " Keep it brief.",
+    " Answer in two or three sentences.",
+    " Use an everyday example.",
+    " Explain step by step.",
+    " Answer for a curious teenager.",
+)
 _CODE_LANGS = ("Python", "Python", "Python", "Python", "JavaScript", "Go", "Rust", "Java", "C", "TypeScript")
-_CODE_CONSTRAINTS = ("", "", " Use no imports.", " Add type hints.", " Include a docstring.",
-                     " Keep it under 10 lines.", " Handle empty input.", " Make it run in O(n) time.",
-                     " Add two example calls.", " Do not use recursion.", " Explain it briefly.")
-_WHY_FORMS = ("Explain why {x}.", "Why is it that {x}?", "In simple terms, explain why {x}.",
-              "Give two reasons why {x}.", "Explain to a {age}-year-old why {x}.",
-              "What is the scientific or historical reason that {x}?")
-_ORDER_TRAITS = (("taller", "tallest", "shortest"), ("older", "oldest", "youngest"),
-                 ("faster", "fastest", "slowest"), ("richer", "richest", "poorest"))
-_SYLLOGISMS = [tuple(chain.split()) for chain in (
-    "cats mammals animals|roses flowers plants|squares rectangles shapes|sparrows birds animals|"
-    "violins instruments objects|oaks trees plants|trout fish animals|hammers tools objects").split("|")]
-_SUMMARY_STYLES = ("in one sentence", "in under 20 words", "for a ten-year-old", "as a headline",
-                   "as two bullet points")
-_LENGTHS = ("", "in under 50 words", "in three sentences", "in four lines", "in one short paragraph",
-            "in about 80 words")
+_CODE_CONSTRAINTS = (
+    "",
+    "",
+    " Use no imports.",
+    " Add type hints.",
+    " Include a docstring.",
+    " Keep it under 10 lines.",
+    " Handle empty input.",
+    " Make it run in O(n) time.",
+    " Add two example calls.",
+    " Do not use recursion.",
+    " Explain it briefly.",
+)
+_WHY_FORMS = (
+    "Explain why {x}.",
+    "Why is it that {x}?",
+    "In simple terms, explain why {x}.",
+    "Give two reasons why {x}.",
+    "Explain to a {age}-year-old why {x}.",
+    "What is the scientific or historical reason that {x}?",
+)
+_ORDER_TRAITS = (
+    ("taller", "tallest", "shortest"),
+    ("older", "oldest", "youngest"),
+    ("faster", "fastest", "slowest"),
+    ("richer", "richest", "poorest"),
+)
+_SYLLOGISMS = [
+    tuple(chain.split())
+    for chain in (
+        "cats mammals animals|roses flowers plants|squares rectangles shapes|sparrows birds animals|"
+        "violins instruments objects|oaks trees plants|trout fish animals|hammers tools objects"
+    ).split("|")
+]
+_SUMMARY_STYLES = (
+    "in one sentence",
+    "in under 20 words",
+    "for a ten-year-old",
+    "as a headline",
+    "as two bullet points",
+)
+_LENGTHS = (
+    "",
+    "in under 50 words",
+    "in three sentences",
+    "in four lines",
+    "in one short paragraph",
+    "in about 80 words",
+)
 _LANGS = ("French", "Spanish", "German", "Chinese", "Italian", "Portuguese", "Japanese")
 # Prompts written natively (French, Spanish, German, Chinese, Italian, Portuguese, Japanese).
 _NATIVE = (
-    "Quelle est la capitale de l'Italie ?", "Peux-tu m'expliquer comment fonctionne la photosynthèse ?",
-    "Donne-moi trois conseils pour mieux dormir.", "Écris un court poème sur la mer.",
-    "¿Cuál es el río más largo del mundo?", "Explícame qué es la gravedad en pocas palabras.",
-    "Dame tres ideas para una cena rápida.", "¿Por qué es importante beber agua?",
-    "Was ist die Hauptstadt von Kanada?", "Erkläre mir kurz, wie ein Regenbogen entsteht.",
-    "Nenne drei Vorteile vom Radfahren.", "Schreibe eine kurze Geschichte über einen Hund.",
-    "中国的首都是哪里？", "请简单解释一下什么是人工智能。", "给我三个学习英语的建议。", "为什么海水是咸的？",
-    "Qual è la montagna più alta d'Europa?", "Spiegami in breve cos'è il Rinascimento.",
-    "Qual é o maior planeta do sistema solar?", "Explique de forma simples o que é a inflação.",
-    "日本で一番高い山は何ですか？", "光合成について簡単に説明してください。",
+    "Quelle est la capitale de l'Italie ?",
+    "Peux-tu m'expliquer comment fonctionne la photosynthèse ?",
+    "Donne-moi trois conseils pour mieux dormir.",
+    "Écris un court poème sur la mer.",
+    "¿Cuál es el río más largo del mundo?",
+    "Explícame qué es la gravedad en pocas palabras.",
+    "Dame tres ideas para una cena rápida.",
+    "¿Por qué es importante beber agua?",
+    "Was ist die Hauptstadt von Kanada?",
+    "Erkläre mir kurz, wie ein Regenbogen entsteht.",
+    "Nenne drei Vorteile vom Radfahren.",
+    "Schreibe eine kurze Geschichte über einen Hund.",
+    "中国的首都是哪里？",
+    "请简单解释一下什么是人工智能。",
+    "给我三个学习英语的建议。",
+    "为什么海水是咸的？",
+    "Qual è la montagna più alta d'Europa?",
+    "Spiegami in breve cos'è il Rinascimento.",
+    "Qual é o maior planeta do sistema solar?",
+    "Explique de forma simples o que é a inflação.",
+    "日本で一番高い山は何ですか？",
+    "光合成について簡単に説明してください。",
 )
-_NAMES = ("Maria Ahmed Chen Priya Lucas Amara Kenji Sofia Omar Elena Tom Aisha Diego Hana Noah Fatima Leo "
-          "Ines Ravi Zoe Mateo Yuki Sam Nadia Ivan Grace Kofi Lena Arjun Mia").split()
-_ITEMS = ("apples pears notebooks pencils oranges cookies tickets stickers muffins candles bananas marbles "
-          "batteries postcards cupcakes lemons erasers bagels").split()
+_NAMES = (
+    "Maria Ahmed Chen Priya Lucas Amara Kenji Sofia Omar Elena Tom Aisha Diego Hana Noah Fatima Leo "
+    "Ines Ravi Zoe Mateo Yuki Sam Nadia Ivan Grace Kofi Lena Arjun Mia"
+).split()
+_ITEMS = (
+    "apples pears notebooks pencils oranges cookies tickets stickers muffins candles bananas marbles "
+    "batteries postcards cupcakes lemons erasers bagels"
+).split()
 _THINGS = "jacket|bicycle|laptop|pair of shoes|lamp|backpack|watch|guitar|tent|coffee maker".split("|")
-_CODE_TASKS = ("reverses a string|checks whether a number is prime|counts the vowels in a string|returns the "
-               "n-th Fibonacci number|merges two sorted lists|removes duplicates from a list while keeping "
-               "order|finds the second largest number in a list|checks whether a string is a palindrome|"
-               "converts Celsius to Fahrenheit|flattens a nested list|counts word frequencies in a text|"
-               "computes the factorial of n|finds the longest common prefix of a list of strings|rotates a "
-               "list by k positions|groups words that are anagrams|computes the median of a list|checks "
-               "whether brackets in a string are balanced|converts a Roman numeral to an integer|splits a "
-               "list into chunks of size n|finds all pairs in a list that sum to a target|capitalizes the "
-               "first letter of every word|computes the greatest common divisor of two numbers|transposes a "
-               "matrix|sums the digits of an integer|converts a decimal number to binary|counts the lines in "
-               "a text file|finds the missing number in a list of 1 to n|checks whether two strings are "
-               "anagrams|performs binary search on a sorted list|compresses a string with run-length "
-               "encoding|returns the k most common elements of a list|validates a simple email address"
-              ).split("|")
-_CODE_CONCEPTS = ("a list and a tuple in Python|a process and a thread|a stack and a queue|an array and a "
-                  "linked list|pass by value and pass by reference|SQL and NoSQL databases|an interface and "
-                  "an abstract class|compiled and interpreted languages|git merge and git rebase|a shallow "
-                  "copy and a deep copy|TCP and UDP|synchronous and asynchronous code|unit tests and "
-                  "integration tests").split("|")
-_WHY = ("the sky is blue|ice floats on water|leaves change color in autumn|we have seasons|bread rises|metal "
-        "feels colder than wood|the Moon has phases|salt melts ice on roads|the Roman Empire declined|the "
-        "printing press changed Europe|deserts get cold at night|onions make people cry|airplanes can fly|"
-        "the ocean is salty|cats purr|people yawn|coffee keeps people awake|rainbows form after rain|the "
-        "Industrial Revolution started in Britain|vaccines prevent disease|the Dead Sea is so salty|we see "
-        "lightning before we hear thunder|sunsets are red|plants need sunlight|sleep is important for memory|"
-        "prices rise during inflation|the Nile was important to ancient Egypt|hot air balloons rise|bicycles "
-        "stay upright when moving|batteries lose charge over time|the Great Wall of China was built|"
-        "volcanoes erupt|some animals hibernate|soap removes grease|stars twinkle").split("|")
-_COUNTRIES = ("Australia Canada Brazil Japan Kenya Norway Egypt Peru Vietnam Morocco Chile Poland Thailand "
-              "Argentina Ghana Portugal Mexico Turkey Iceland Indonesia Nigeria Greece Sweden India").split()
-_PEOPLE = ("Marie Curie|Isaac Newton|Ada Lovelace|Leonardo da Vinci|Nelson Mandela|Cleopatra|Galileo Galilei|"
-           "Alan Turing|Frida Kahlo|Mahatma Gandhi|Charles Darwin|Rosalind Franklin|Confucius|Genghis Khan|"
-           "Wolfgang Amadeus Mozart|Ibn Battuta|Nikola Tesla|Harriet Tubman").split("|")
-_HOW_THINGS = ("a refrigerator|a rainbow|the internet|a vaccine|a compass|a solar panel|a microwave oven|a "
-               "credit card|an elevator|a bicycle gear|GPS|a thermometer|a heat pump|a lock and key|"
-               "photosynthesis|a search engine|a hydroelectric dam|the human heart").split("|")
-_PAIRS = ("weather and climate|a virus and a bacterium|speed and velocity|an island and a peninsula|a "
-          "democracy and a monarchy|a comet and an asteroid|mass and weight|a lake and a sea|an epidemic and "
-          "a pandemic|baking soda and baking powder|a crocodile and an alligator|a hurricane and a tornado|a "
-          "fruit and a vegetable|a republic and an empire").split("|")
-_FORMS = ("short story|poem|haiku|limerick|diary entry|product description|fable|song chorus|short speech|"
-          "news report|bedtime story|motivational note").split("|")
-_SUBJECTS = ("a lighthouse keeper|a lost umbrella|the first day of spring|a robot learning to cook|a city at "
-             "midnight|an old bookstore|a dragon who is afraid of fire|moving to a new town|a rainy Monday|a "
-             "friendship between a cat and a crow|the ocean|a forgotten birthday|a train journey|a garden in "
-             "winter|a child's first bicycle|a detective who loses her glasses|coffee|the last day of school|"
-             "a mountain village|a time traveler at a market|a broken clock|learning a new language|a street "
-             "musician|the Moon|a camping trip that goes wrong|an astronaut missing home").split("|")
+_CODE_TASKS = (
+    "reverses a string|checks whether a number is prime|counts the vowels in a string|returns the "
+    "n-th Fibonacci number|merges two sorted lists|removes duplicates from a list while keeping "
+    "order|finds the second largest number in a list|checks whether a string is a palindrome|"
+    "converts Celsius to Fahrenheit|flattens a nested list|counts word frequencies in a text|"
+    "computes the factorial of n|finds the longest common prefix of a list of strings|rotates a "
+    "list by k positions|groups words that are anagrams|computes the median of a list|checks "
+    "whether brackets in a string are balanced|converts a Roman numeral to an integer|splits a "
+    "list into chunks of size n|finds all pairs in a list that sum to a target|capitalizes the "
+    "first letter of every word|computes the greatest common divisor of two numbers|transposes a "
+    "matrix|sums the digits of an integer|converts a decimal number to binary|counts the lines in "
+    "a text file|finds the missing number in a list of 1 to n|checks whether two strings are "
+    "anagrams|performs binary search on a sorted list|compresses a string with run-length "
+    "encoding|returns the k most common elements of a list|validates a simple email address"
+).split("|")
+_CODE_CONCEPTS = (
+    "a list and a tuple in Python|a process and a thread|a stack and a queue|an array and a "
+    "linked list|pass by value and pass by reference|SQL and NoSQL databases|an interface and "
+    "an abstract class|compiled and interpreted languages|git merge and git rebase|a shallow "
+    "copy and a deep copy|TCP and UDP|synchronous and asynchronous code|unit tests and "
+    "integration tests"
+).split("|")
+_WHY = (
+    "the sky is blue|ice floats on water|leaves change color in autumn|we have seasons|bread rises|metal "
+    "feels colder than wood|the Moon has phases|salt melts ice on roads|the Roman Empire declined|the "
+    "printing press changed Europe|deserts get cold at night|onions make people cry|airplanes can fly|"
+    "the ocean is salty|cats purr|people yawn|coffee keeps people awake|rainbows form after rain|the "
+    "Industrial Revolution started in Britain|vaccines prevent disease|the Dead Sea is so salty|we see "
+    "lightning before we hear thunder|sunsets are red|plants need sunlight|sleep is important for memory|"
+    "prices rise during inflation|the Nile was important to ancient Egypt|hot air balloons rise|bicycles "
+    "stay upright when moving|batteries lose charge over time|the Great Wall of China was built|"
+    "volcanoes erupt|some animals hibernate|soap removes grease|stars twinkle"
+).split("|")
+_COUNTRIES = (
+    "Australia Canada Brazil Japan Kenya Norway Egypt Peru Vietnam Morocco Chile Poland Thailand "
+    "Argentina Ghana Portugal Mexico Turkey Iceland Indonesia Nigeria Greece Sweden India"
+).split()
+_PEOPLE = (
+    "Marie Curie|Isaac Newton|Ada Lovelace|Leonardo da Vinci|Nelson Mandela|Cleopatra|Galileo Galilei|"
+    "Alan Turing|Frida Kahlo|Mahatma Gandhi|Charles Darwin|Rosalind Franklin|Confucius|Genghis Khan|"
+    "Wolfgang Amadeus Mozart|Ibn Battuta|Nikola Tesla|Harriet Tubman"
+).split("|")
+_HOW_THINGS = (
+    "a refrigerator|a rainbow|the internet|a vaccine|a compass|a solar panel|a microwave oven|a "
+    "credit card|an elevator|a bicycle gear|GPS|a thermometer|a heat pump|a lock and key|"
+    "photosynthesis|a search engine|a hydroelectric dam|the human heart"
+).split("|")
+_PAIRS = (
+    "weather and climate|a virus and a bacterium|speed and velocity|an island and a peninsula|a "
+    "democracy and a monarchy|a comet and an asteroid|mass and weight|a lake and a sea|an epidemic and "
+    "a pandemic|baking soda and baking powder|a crocodile and an alligator|a hurricane and a tornado|a "
+    "fruit and a vegetable|a republic and an empire"
+).split("|")
+_FORMS = (
+    "short story|poem|haiku|limerick|diary entry|product description|fable|song chorus|short speech|"
+    "news report|bedtime story|motivational note"
+).split("|")
+_SUBJECTS = (
+    "a lighthouse keeper|a lost umbrella|the first day of spring|a robot learning to cook|a city at "
+    "midnight|an old bookstore|a dragon who is afraid of fire|moving to a new town|a rainy Monday|a "
+    "friendship between a cat and a crow|the ocean|a forgotten birthday|a train journey|a garden in "
+    "winter|a child's first bicycle|a detective who loses her glasses|coffee|the last day of school|"
+    "a mountain village|a time traveler at a market|a broken clock|learning a new language|a street "
+    "musician|the Moon|a camping trip that goes wrong|an astronaut missing home"
+).split("|")
 _TONES = "cheerful melancholy humorous formal mysterious hopeful playful calm dramatic nostalgic".split()
 _RECIPIENTS = "your manager|your landlord|a customer|a teacher|a neighbor|a colleague|a hotel".split("|")
-_PURPOSES = ("asking for a day off|about a broken heater|apologizing for a late delivery|requesting a "
-             "meeting next week|thanking them for their help|declining an invitation|asking for a refund|"
-             "following up on a job application|reporting a noisy party|confirming a reservation").split("|")
-_FACTS = ("Honeybees communicate the location of flowers through a waggle dance.|The Amazon rainforest "
-          "produces a large share of the world's oxygen.|Regular walking lowers the risk of heart disease.|"
-          "The first printed newspapers appeared in Europe in the 17th century.|Solar power has become much "
-          "cheaper over the last decade.|Octopuses have three hearts and blue blood.|Many cities are "
-          "planting trees to reduce summer heat.|Sleep helps the brain store new memories.|The Sahara was "
-          "once green and full of lakes.|Recycling aluminum uses far less energy than making new metal.|"
-          "Children learn languages faster when they hear them every day.|Remote work has changed how "
-          "offices are designed.|Coral reefs are threatened by warming oceans.|The Silk Road connected China "
-          "with the Mediterranean.|Electric cars have fewer moving parts than petrol cars.").split("|")
-_PHRASES = ("good morning|where is the train station|thank you very much|I am learning to cook|the weather "
-            "is nice today|how much does this cost|I would like a cup of tea|see you tomorrow|my brother "
-            "lives in a small town|can you help me|I love reading books|happy birthday").split("|")
-_FOLLOW_UPS = ("Can you make it shorter?|Now give an example.|Can you explain that more simply?|Why is that?|"
-               "Can you put that in a bulleted list?|What is a common mistake people make here?|Now "
-               "summarize it in one sentence.|Can you make it more formal?|How would you explain this to a "
-               "child?|Give me another example.|What are the limitations of that?|Thanks! Can you add a "
-               "short title?|Now rewrite it for a complete beginner.|Can you say that in a different way?|"
-               "What should I read next to learn more?").split("|")
+_PURPOSES = (
+    "asking for a day off|about a broken heater|apologizing for a late delivery|requesting a "
+    "meeting next week|thanking them for their help|declining an invitation|asking for a refund|"
+    "following up on a job application|reporting a noisy party|confirming a reservation"
+).split("|")
+_FACTS = (
+    "Honeybees communicate the location of flowers through a waggle dance.|The Amazon rainforest "
+    "produces a large share of the world's oxygen.|Regular walking lowers the risk of heart disease.|"
+    "The first printed newspapers appeared in Europe in the 17th century.|Solar power has become much "
+    "cheaper over the last decade.|Octopuses have three hearts and blue blood.|Many cities are "
+    "planting trees to reduce summer heat.|Sleep helps the brain store new memories.|The Sahara was "
+    "once green and full of lakes.|Recycling aluminum uses far less energy than making new metal.|"
+    "Children learn languages faster when they hear them every day.|Remote work has changed how "
+    "offices are designed.|Coral reefs are threatened by warming oceans.|The Silk Road connected China "
+    "with the Mediterranean.|Electric cars have fewer moving parts than petrol cars."
+).split("|")
+_PHRASES = (
+    "good morning|where is the train station|thank you very much|I am learning to cook|the weather "
+    "is nice today|how much does this cost|I would like a cup of tea|see you tomorrow|my brother "
+    "lives in a small town|can you help me|I love reading books|happy birthday"
+).split("|")
+_FOLLOW_UPS = (
+    "Can you make it shorter?|Now give an example.|Can you explain that more simply?|Why is that?|"
+    "Can you put that in a bulleted list?|What is a common mistake people make here?|Now "
+    "summarize it in one sentence.|Can you make it more formal?|How would you explain this to a "
+    "child?|Give me another example.|What are the limitations of that?|Thanks! Can you add a "
+    "short title?|Now rewrite it for a complete beginner.|Can you say that in a different way?|"
+    "What should I read next to learn more?"
+).split("|")
 _CITIES = "Lisbon|Kyoto|Mexico City|Cape Town|Istanbul|Vancouver|Hanoi|Prague|Buenos Aires".split("|")
-_HOBBIES = ("running|painting|gardening|chess|playing the guitar|photography|baking bread|learning to code|"
-            "yoga|birdwatching|knitting|rock climbing").split("|")
+_HOBBIES = (
+    "running|painting|gardening|chess|playing the guitar|photography|baking bread|learning to code|"
+    "yoga|birdwatching|knitting|rock climbing"
+).split("|")
 _INGREDIENTS = "eggs|rice|spinach|tomatoes|chickpeas|potatoes|cheese|onions|pasta|tofu|lentils".split("|")
 
 
@@ -203,8 +290,7 @@ def _math(rng: random.Random) -> list[str]:
         f"How much does {name} spend in total?",
         f"A train travels at {speed} km/h for {hours} hours. How far does it go?",
         f"{name} cycles {speed // 5} km in {hours} hours. What is the average speed in km/h?",
-        f"{name} is {age} years old and {other} is {gap} years older. "
-        f"How old will {other} be in {later} years?",
+        f"{name} is {age} years old and {other} is {gap} years older. How old will {other} be in {later} years?",
         f"A {rng.choice(_THINGS)} costs ${price} and is on sale for {pct}% off. What is the sale price?",
         f"What is {pct}% of {price * 2}? Explain how you got it.",
         f"{name} has {den * n1} {item_a} and gives {num}/{den} of them to {other}. How many are left?",
@@ -287,19 +373,28 @@ def _multilingual(rng: random.Random) -> list[str]:
 
 def _dialogue(rng: random.Random) -> list[str]:
     days, food = rng.randint(2, 7), " and ".join(rng.sample(_INGREDIENTS, 2))
-    opener = rng.choice((
-        _math(rng)[0], _coding(rng)[0], _reasoning(rng)[0], _writing(rng)[0],
-        f"I'm planning a {days}-day trip to {rng.choice(_CITIES)}. What should I not miss?",
-        f"I want to start {rng.choice(_HOBBIES)}. Where should I begin?",
-        f"I only have {food} at home. What can I cook for dinner?",
-    ))
+    opener = rng.choice(
+        (
+            _math(rng)[0],
+            _coding(rng)[0],
+            _reasoning(rng)[0],
+            _writing(rng)[0],
+            f"I'm planning a {days}-day trip to {rng.choice(_CITIES)}. What should I not miss?",
+            f"I want to start {rng.choice(_HOBBIES)}. Where should I begin?",
+            f"I only have {food} at home. What can I cook for dinner?",
+        )
+    )
     # Follow-ups only make sense relative to the opener, which is what exercises multi-turn context.
     return [opener, *rng.sample(_FOLLOW_UPS, rng.randint(1, 2))]
 
 
 _GENERATORS: dict[str, Callable[[random.Random], list[str]]] = {
-    "math": _math, "coding": _coding, "reasoning": _reasoning,
-    "writing": _writing, "multilingual": _multilingual, "dialogue": _dialogue,
+    "math": _math,
+    "coding": _coding,
+    "reasoning": _reasoning,
+    "writing": _writing,
+    "multilingual": _multilingual,
+    "dialogue": _dialogue,
 }
 
 

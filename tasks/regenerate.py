@@ -37,9 +37,7 @@ def _messages(record: PromptRecord, answers: list[str], upto: int) -> list[hf.Me
     return msgs
 
 
-def regenerate_shard(
-    cfg: RegenerateConfig, model, tok, records: list[PromptRecord], seed: int
-) -> list[dict]:  # type: ignore[no-untyped-def]
+def regenerate_shard(cfg: RegenerateConfig, model, tok, records: list[PromptRecord], seed: int) -> list[dict]:  # type: ignore[no-untyped-def]
     """Generate every assistant turn of `records`; one row per conversation with `finish` per turn."""
     torch.manual_seed(seed)
     answers: list[list[str]] = [[] for _ in records]

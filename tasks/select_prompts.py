@@ -39,9 +39,7 @@ def select_prompts(cfg: SelectConfig, *, seed: int, out_uri: str) -> StageManife
             raise ValueError(
                 f"select: only {len(records)} distinct prompts, not enough for select.num_eval={cfg.num_eval}"
             )
-        train, held_out = prompt_pool.split_heldout(
-            records, eval_fraction=cfg.num_eval / len(records), seed=seed
-        )
+        train, held_out = prompt_pool.split_heldout(records, eval_fraction=cfg.num_eval / len(records), seed=seed)
         files = [
             file_entry(uri, f"{name}.jsonl", _jsonl_bytes(rows))
             for name, rows in (("train", train), ("eval", held_out))

@@ -95,7 +95,10 @@ def pack_shard(rows: list[tuple[dict, Encoded]]) -> bytes:
         "loss_mask": torch.from_numpy(mask),
         "offsets": torch.from_numpy(offsets),
     }
-    meta = {"ids": json.dumps([r["id"] for r, _ in rows]), "categories": json.dumps([r["category"] for r, _ in rows])}
+    meta = {
+        "ids": json.dumps([r["id"] for r, _ in rows]),
+        "categories": json.dumps([r["category"] for r, _ in rows]),
+    }
     return tensorio.dumps(tensors, meta)
 
 
@@ -114,9 +117,7 @@ def read_token_shard(data: bytes) -> list[dict]:
     ]
 
 
-def tokenize(
-    cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, *, out_uri: str
-) -> StageManifest:
+def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, *, out_uri: str) -> StageManifest:
     """Write one `tokens-NNNNN.safetensors` per conversation shard."""
     key = stage_key(STAGE, [sys.modules[__name__]], cfg=cfg, target=target, conversations=conversations)
     tok_path = str(resolve_target(target.source))

@@ -6,13 +6,13 @@ import sys
 import torch
 from prefect import task
 
+from drafters import data, trainer, vocab
+from drafters.eagle3 import export, loss, model
 from draftsmith import storage
 from draftsmith.caching import artifact_cache_key
 from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.stage import StageResult, run_stage, stage_key
-from drafters import data, trainer, vocab
-from drafters.eagle3 import export, loss, model
 from engines import hf
 
 STAGE = "train"
@@ -23,7 +23,9 @@ def rope_theta(config) -> float:  # type: ignore[no-untyped-def]
     return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
 
 
-def build_drafter(cfg: DrafterConfig, target: TargetConfig, num_taps: int, target_model, counts_V: torch.Tensor) -> model.Eagle3Drafter:  # type: ignore[no-untyped-def]
+def build_drafter(
+    cfg: DrafterConfig, target: TargetConfig, num_taps: int, target_model, counts_V: torch.Tensor
+) -> model.Eagle3Drafter:  # type: ignore[no-untyped-def]
     """A fresh drafter with the target's frozen embedding and a vocabulary pruned by `counts_V`."""
     spec = model.Eagle3Spec(
         hidden_size=target.hidden_size,
@@ -51,7 +53,6 @@ def build_drafter(cfg: DrafterConfig, target: TargetConfig, num_taps: int, targe
             # instead of at random saves most of the early steps on a small corpus.
             head = target_model.get_output_embeddings().weight.float()
             drafter.lm_head.weight.copy_(head[vocab.draft_ids(d2t)])
-            drafter.norm.weight.copy_(hf.decoder_parts(target_model)[2].weight.float())
     return drafter
 
 
@@ -74,19 +75,36 @@ def train(
     """Write `model.safetensors`, `config.json` (vLLM eagle3 format) and `metrics.jsonl`."""
     code = [sys.modules[__name__], data, trainer, vocab, export, loss, model]
     key = stage_key(
-        STAGE, code, cfg=cfg, drafter=drafter_cfg, target=target, hidden_cfg=hidden_cfg, hidden=hidden, seed=seed
+        STAGE,
+        code,
+        cfg=cfg,
+        drafter=drafter_cfg,
+        target=target,
+        hidden_cfg=hidden_cfg,
+        hidden=hidden,
+        seed=seed,
     )
 
     def compute(uri: str) -> StageResult:
         samples = data.load_hidden_shards(hidden)
         target_model, _ = hf.load_target(target)
         torch.manual_seed(seed)
-        drafter = build_drafter(drafter_cfg, target, len(hidden_cfg.taps), target_model, loss_token_counts(samples, target.vocab_size))
+        drafter = build_drafter(
+            drafter_cfg,
+            target,
+            len(hidden_cfg.taps),
+            target_model,
+            loss_token_counts(samples, target.vocab_size),
+        )
         head = target_model.get_output_embeddings().weight.detach().float()
         report = trainer.train_eagle3(
             drafter, samples, head, cfg, depth=drafter_cfg.ttt_depth, decay=drafter_cfg.depth_decay, seed=seed
         )
-        meta = {"target": target.name, "hidden_states_key": hidden.key, "tap_convention": "residual after layer k, from 1"}
+        meta = {
+            "target": target.name,
+            "hidden_states_key": hidden.key,
+            "tap_convention": "residual after layer k, from 1",
+        }
         blobs = export.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
         blobs["metrics.jsonl"] = "".join(json.dumps(h) + "\n" for h in report.history).encode()
         files = [file_entry(uri, name, blob) for name, blob in blobs.items()]

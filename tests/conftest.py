@@ -49,7 +49,13 @@ def tiny_run(tiny_cfg, tmp_path_factory):
         c.hidden_states, c.target, out["tokenize"], out_uri=f"{run}/hidden_states"
     )
     out["train"] = train(
-        c.train, c.drafter, c.target, c.hidden_states, out["hidden_states"], seed=c.seed, out_uri=f"{run}/train"
+        c.train,
+        c.drafter,
+        c.target,
+        c.hidden_states,
+        out["hidden_states"],
+        seed=c.seed,
+        out_uri=f"{run}/train",
     )
     out["evaluate"] = evaluate(c.evaluate, c.target, out["select_prompts"], out["train"], out_uri=f"{run}/evaluate")
     out["run_dir"] = run

@@ -69,7 +69,12 @@ def _draft_forward(
 
 
 def _draft_chain(
-    drafter: Eagle3Drafter, feats_SF: torch.Tensor, tokens_S: torch.Tensor, start: int, cache: DraftCache, g: int
+    drafter: Eagle3Drafter,
+    feats_SF: torch.Tensor,
+    tokens_S: torch.Tensor,
+    start: int,
+    cache: DraftCache,
+    g: int,
 ) -> torch.Tensor:
     """Extend the context with verified positions, then draft `g` tokens (target ids)."""
     logits, hidden = _draft_forward(drafter, tokens_S, drafter.fuse(feats_SF[None])[0], start, cache)
@@ -94,7 +99,14 @@ def _stop(tokens: list[int], eos: set[int], max_new: int) -> list[int]:
 
 @torch.inference_mode()
 def speculative_generate(
-    target, drafter: Eagle3Drafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos: set[int]
+    target,
+    drafter: Eagle3Drafter,
+    taps: list[int],
+    prompt_S: torch.Tensor,
+    *,
+    g: int,
+    max_new: int,
+    eos: set[int],
 ) -> Decoded:  # type: ignore[no-untyped-def]
     """Greedy speculative decoding of one prompt `[S]`; the output equals the target's greedy output."""
     start_time = time.perf_counter()

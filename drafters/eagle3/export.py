@@ -8,9 +8,9 @@ import json
 
 import torch
 
-from draftsmith import storage, tensorio
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from drafters.vocab import check_vocab
+from draftsmith import storage, tensorio
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

@@ -43,7 +43,9 @@ class StorageConfig(StrictModel):
     """Where runs live."""
 
     run_root: str = Field(
-        "runs", min_length=1, description="Local folder or fsspec URL under which `<recipe name>/` is created."
+        "runs",
+        min_length=1,
+        description="Local folder or fsspec URL under which `<recipe name>/` is created.",
     )
 
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from draftsmith import storage, tensorio
-from draftsmith.stage import valid_manifest
 from drafters.data import load_hidden_shards
 from drafters.eagle3.export import load_drafter
+from draftsmith import storage, tensorio
+from draftsmith.stage import valid_manifest
 from engines import hf
 from tasks.regenerate import read_conversations, regenerate
 from tasks.select_prompts import read_prompts
@@ -49,10 +49,20 @@ def test_regenerate_turn_two_is_conditioned_on_turn_one(tiny_cfg, tiny_target):
     rec = PromptRecord(id="x", category="dialogue", turns=["Tell me about owls.", "Shorter please."])
     [row] = regenerate_shard(tiny_cfg.regenerate, model, tok, [rec], seed=0)
     first = row["messages"][1]["content"]
-    direct = hf.chat_generate(model, tok, [[{"role": "user", "content": "Tell me about owls."},
-                                            {"role": "assistant", "content": first},
-                                            {"role": "user", "content": "Shorter please."}]],
-                              max_new_tokens=tiny_cfg.regenerate.max_new_tokens, temperature=0.0, top_p=1.0)
+    direct = hf.chat_generate(
+        model,
+        tok,
+        [
+            [
+                {"role": "user", "content": "Tell me about owls."},
+                {"role": "assistant", "content": first},
+                {"role": "user", "content": "Shorter please."},
+            ]
+        ],
+        max_new_tokens=tiny_cfg.regenerate.max_new_tokens,
+        temperature=0.0,
+        top_p=1.0,
+    )
     assert row["messages"][3]["content"] == direct[0].text
 
 
@@ -64,12 +74,12 @@ def test_regenerate_resumes_finished_shards(tiny_cfg, tiny_run, tmp_path):
     storage.write_bytes(f"{out}/.stage-key", storage.read_bytes(f"{src.uri}/.stage-key"))
     first = src.names("conversations-")[0]
     storage.write_bytes(f"{out}/{first}", b'{"id": "sentinel", "category": "c", "messages": [], "finish": []}\n')
-    m = regenerate(tiny_cfg.regenerate, tiny_cfg.target, tiny_run["select_prompts"], seed=tiny_cfg.seed,
-                   out_uri=out)
+    m = regenerate(tiny_cfg.regenerate, tiny_cfg.target, tiny_run["select_prompts"], seed=tiny_cfg.seed, out_uri=out)
     rows = read_conversations(m)
     assert rows[0]["id"] == "sentinel"  # the finished shard was kept, not redone
-    assert [r["id"] for r in rows[1:]] == [r["id"] for r in read_conversations(src)][len(
-        storage.read_jsonl(src.path(first))):]
+    assert [r["id"] for r in rows[1:]] == [r["id"] for r in read_conversations(src)][
+        len(storage.read_jsonl(src.path(first))) :
+    ]
     assert valid_manifest(out, m.key) is not None
 
 
@@ -117,7 +127,9 @@ def test_taps_equal_hf_hidden_states_bitwise_in_fp32(tiny_cfg, tiny_target):
     ref = model(input_ids=ids, output_hidden_states=True).hidden_states
     for i, k in enumerate(tiny_cfg.hidden_states.taps):
         assert torch.equal(taps[0, :, i], ref[k][0])
-    assert torch.equal(last[0], model.model.norm(ref[-2][0]) if len(ref) > model.config.num_hidden_layers + 1 else ref[-1][0])
+    assert torch.equal(
+        last[0], model.model.norm(ref[-2][0]) if len(ref) > model.config.num_hidden_layers + 1 else ref[-1][0]
+    )
 
 
 def test_hidden_state_shards_have_index_and_dataset_json(tiny_cfg, tiny_run):

@@ -43,15 +43,31 @@ def test_shipped_recipes_validate(name):
     ("mutate", "expected"),
     [
         (lambda d: d["train"].update(bogus=1), "train.bogus: unknown key"),
-        (lambda d: d["hidden_states"].update(taps=[1, 2, 4]), "hidden_states.taps[2]: tap 4 must be below target.num_layers (4)"),
+        (
+            lambda d: d["hidden_states"].update(taps=[1, 2, 4]),
+            "hidden_states.taps[2]: tap 4 must be below target.num_layers (4)",
+        ),
         (lambda d: d["select"].update(num_prompts=-5), "select.num_prompts: Input should be greater than 0"),
-        (lambda d: d["select"].update(source="jsonl", path="/nonexistent/prompts.jsonl"),
-         "select.path: file or folder '/nonexistent/prompts.jsonl' does not exist"),
+        (
+            lambda d: d["select"].update(source="jsonl", path="/nonexistent/prompts.jsonl"),
+            "select.path: file or folder '/nonexistent/prompts.jsonl' does not exist",
+        ),
         (lambda d: d["hidden_states"].update(taps=[0, 2]), "hidden_states.taps: Value error, taps[0] = 0"),
-        (lambda d: d["drafter"].update(num_kv_heads=3), "drafter.num_kv_heads: num_kv_heads (3) must divide num_heads (4)"),
+        (
+            lambda d: d["drafter"].update(num_kv_heads=3),
+            "drafter.num_kv_heads: num_kv_heads (3) must divide num_heads (4)",
+        ),
         (lambda d: d.pop("target"), "target: Field required"),
     ],
-    ids=["unknown-key", "tap-too-high", "negative-count", "missing-file", "tap-zero", "gqa", "missing-section"],
+    ids=[
+        "unknown-key",
+        "tap-too-high",
+        "negative-count",
+        "missing-file",
+        "tap-zero",
+        "gqa",
+        "missing-section",
+    ],
 )
 def test_bad_recipe_names_the_field(tmp_path, mutate, expected):
     data = _tiny_data()
@@ -73,7 +89,10 @@ def test_cli_bad_recipe_exits_2_with_one_line(tmp_path, field):
         data["train"]["bogus"] = True
     path = _write(tmp_path, data)
     proc = subprocess.run(
-        [sys.executable, "-m", "draftsmith.cli", "validate", path], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "draftsmith.cli", "validate", path],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]

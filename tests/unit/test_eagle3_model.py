@@ -12,9 +12,20 @@ pytestmark = pytest.mark.unit
 
 def _drafter(norm_output: bool, fc_norm: bool) -> Eagle3Drafter:
     torch.manual_seed(0)
-    spec = Eagle3Spec(hidden_size=32, target_hidden_size=24, num_taps=3, num_heads=4, num_kv_heads=2,
-                      head_dim=8, intermediate_size=64, vocab_size=50, draft_vocab_size=50,
-                      rope_theta=10000.0, fc_norm=fc_norm, norm_output=norm_output)
+    spec = Eagle3Spec(
+        hidden_size=32,
+        target_hidden_size=24,
+        num_taps=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=50,
+        draft_vocab_size=50,
+        rope_theta=10000.0,
+        fc_norm=fc_norm,
+        norm_output=norm_output,
+    )
     model = Eagle3Drafter(spec).eval()
     with torch.no_grad():
         for p in model.parameters():

