@@ -6,6 +6,7 @@ Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht 
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +54,7 @@ def mark_draftable(samples: list[TrainSample], target_head_VH: torch.Tensor, t2d
             s.in_draft[needed] = t2d[(s.last_hidden[needed].float() @ target_head_VH.T).argmax(-1)]
 
 
-def lr_lambda(warmup: int, total: int, floor: float = 0.1):  # type: ignore[no-untyped-def]
+def lr_lambda(warmup: int, total: int, floor: float = 0.1) -> Callable[[int], float]:
     """Linear warm-up, then cosine decay to `floor` times the peak."""
 
     def f(step: int) -> float:

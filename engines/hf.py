@@ -5,7 +5,7 @@ Shape legend: B batch, S sequence, H target hidden size, N number of taps, V tar
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -127,8 +127,8 @@ class TapRecorder:
             h.remove()
         self._handles.clear()
 
-    def _keep(self, name: str):  # type: ignore[no-untyped-def]
-        def hook(_module, _args, output):  # type: ignore[no-untyped-def]
+    def _keep(self, name: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: object, output: torch.Tensor | tuple) -> None:
             self._captured[name] = output[0] if isinstance(output, tuple) else output
 
         return hook

@@ -11,6 +11,7 @@ from collections import defaultdict
 
 import torch
 from prefect import task
+from transformers import PreTrainedTokenizerBase
 
 from drafters import verify
 from drafters.eagle3 import decode, export
@@ -18,6 +19,7 @@ from draftsmith import storage
 from draftsmith.caching import artifact_cache_key
 from draftsmith.config import EvaluateConfig, TargetConfig
 from draftsmith.manifest import StageManifest, file_entry
+from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 from tasks.prompt_pool import PromptRecord
@@ -26,7 +28,7 @@ from tasks.select_prompts import read_prompts
 STAGE = "evaluate"
 
 
-def prompt_ids(tok, record: PromptRecord) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def prompt_ids(tok: PreTrainedTokenizerBase, record: PromptRecord) -> torch.Tensor:
     """The first user turn (with its system prompt), rendered for generation, `[S]`."""
     msgs = [{"role": "system", "content": record.system}] if record.system else []
     msgs.append({"role": "user", "content": record.turns[0]})
@@ -132,7 +134,14 @@ def read_results(manifest: StageManifest) -> dict:
     return storage.read_json(manifest.path("results.json"))
 
 
-@task(name="evaluate", cache_key_fn=artifact_cache_key(STAGE), persist_result=True)
+@task(
+    name="evaluate",
+    cache_key_fn=artifact_cache_key(STAGE),
+    persist_result=True,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=transient_only,
+)
 def evaluate_task(
     cfg: EvaluateConfig, target: TargetConfig, prompts: StageManifest, checkpoint: StageManifest, run_dir: str
 ) -> StageManifest:

@@ -14,11 +14,13 @@ import sys
 
 import torch
 from prefect import task
+from transformers import PreTrainedModel
 
 from draftsmith import storage, tensorio
 from draftsmith.caching import artifact_cache_key
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 from tasks.tokenization import read_token_shard
@@ -41,8 +43,8 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def capture_samples(
-    model, samples: list[dict], cfg: HiddenStatesConfig, pad_id: int
-) -> list[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[no-untyped-def]
+    model: PreTrainedModel, samples: list[dict], cfg: HiddenStatesConfig, pad_id: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sample: taps `[S, N*H]` and last hidden `[S, H]`, in `store_dtype`, in input order."""
     dtype = getattr(torch, cfg.store_dtype)
     out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(samples)
@@ -134,7 +136,14 @@ def bytes_per_token(num_taps: int, hidden_size: int, store_dtype: str) -> int:
     return (num_taps + 1) * hidden_size * width + 4 + 1
 
 
-@task(name="hidden-states", cache_key_fn=artifact_cache_key(STAGE), persist_result=True)
+@task(
+    name="hidden-states",
+    cache_key_fn=artifact_cache_key(STAGE),
+    persist_result=True,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=transient_only,
+)
 def hidden_states_task(
     cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest, run_dir: str
 ) -> StageManifest:

@@ -13,11 +13,13 @@ from collections import Counter
 
 import torch
 from prefect import task
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith import storage
 from draftsmith.caching import artifact_cache_key
 from draftsmith.config import RegenerateConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 from tasks.prompt_pool import PromptRecord
@@ -37,7 +39,13 @@ def _messages(record: PromptRecord, answers: list[str], upto: int) -> list[hf.Me
     return msgs
 
 
-def regenerate_shard(cfg: RegenerateConfig, model, tok, records: list[PromptRecord], seed: int) -> list[dict]:  # type: ignore[no-untyped-def]
+def regenerate_shard(
+    cfg: RegenerateConfig,
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    records: list[PromptRecord],
+    seed: int,
+) -> list[dict]:
     """Generate every assistant turn of `records`; one row per conversation with `finish` per turn."""
     torch.manual_seed(seed)
     answers: list[list[str]] = [[] for _ in records]
@@ -65,7 +73,7 @@ def regenerate_shard(cfg: RegenerateConfig, model, tok, records: list[PromptReco
     return rows
 
 
-def _template_hash(tok) -> str:  # type: ignore[no-untyped-def]
+def _template_hash(tok: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256((tok.chat_template or "").encode()).hexdigest()[:16]
 
 
@@ -133,7 +141,14 @@ def read_conversations(manifest: StageManifest) -> list[dict]:
     return rows
 
 
-@task(name="regenerate", cache_key_fn=artifact_cache_key(STAGE), persist_result=True)
+@task(
+    name="regenerate",
+    cache_key_fn=artifact_cache_key(STAGE),
+    persist_result=True,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=transient_only,
+)
 def regenerate_task(
     cfg: RegenerateConfig, target: TargetConfig, prompts: StageManifest, seed: int, run_dir: str
 ) -> StageManifest:

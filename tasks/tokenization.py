@@ -20,6 +20,7 @@ from draftsmith import storage, tensorio
 from draftsmith.caching import artifact_cache_key
 from draftsmith.config import TargetConfig, TokenizeConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from draftsmith.target_setup import resolve_target
 
@@ -160,7 +161,14 @@ def _tokenize_shards(cfg: TokenizeConfig, conversations: StageManifest, uri: str
     return StageResult(files=files, counts=counts)
 
 
-@task(name="tokenize", cache_key_fn=artifact_cache_key(STAGE), persist_result=True)
+@task(
+    name="tokenize",
+    cache_key_fn=artifact_cache_key(STAGE),
+    persist_result=True,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=transient_only,
+)
 def tokenize_task(
     cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, run_dir: str
 ) -> StageManifest:

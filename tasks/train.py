@@ -5,6 +5,7 @@ import sys
 
 import torch
 from prefect import task
+from transformers import PretrainedConfig, PreTrainedModel
 
 from drafters import data, trainer, vocab
 from drafters.eagle3 import export, loss, model
@@ -12,20 +13,21 @@ from draftsmith import storage
 from draftsmith.caching import artifact_cache_key
 from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
 from draftsmith.manifest import StageManifest, file_entry
+from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 
 STAGE = "train"
 
 
-def rope_theta(config) -> float:  # type: ignore[no-untyped-def]
+def rope_theta(config: PretrainedConfig) -> float:
     params = getattr(config, "rope_parameters", None) or {}
     return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
 
 
 def build_drafter(
-    cfg: DrafterConfig, target: TargetConfig, num_taps: int, target_model, counts_V: torch.Tensor
-) -> model.Eagle3Drafter:  # type: ignore[no-untyped-def]
+    cfg: DrafterConfig, target: TargetConfig, num_taps: int, target_model: PreTrainedModel, counts_V: torch.Tensor
+) -> model.Eagle3Drafter:
     """A fresh drafter with the target's frozen embedding and a vocabulary pruned by `counts_V`."""
     spec = model.Eagle3Spec(
         hidden_size=target.hidden_size,
@@ -115,7 +117,14 @@ def train(
     return run_stage(STAGE, out_uri, key, compute)
 
 
-@task(name="train", cache_key_fn=artifact_cache_key(STAGE), persist_result=True)
+@task(
+    name="train",
+    cache_key_fn=artifact_cache_key(STAGE),
+    persist_result=True,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=transient_only,
+)
 def train_task(
     cfg: TrainConfig,
     drafter_cfg: DrafterConfig,

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from drafters.eagle3.model import Eagle3Drafter
 from drafters.verify import greedy_verify
@@ -99,7 +100,7 @@ def _stop(tokens: list[int], eos: set[int], max_new: int) -> list[int]:
 
 @torch.inference_mode()
 def speculative_generate(
-    target,
+    target: PreTrainedModel,
     drafter: Eagle3Drafter,
     taps: list[int],
     prompt_S: torch.Tensor,
@@ -107,7 +108,7 @@ def speculative_generate(
     g: int,
     max_new: int,
     eos: set[int],
-) -> Decoded:  # type: ignore[no-untyped-def]
+) -> Decoded:
     """Greedy speculative decoding of one prompt `[S]`; the output equals the target's greedy output."""
     start_time = time.perf_counter()
     rec = TapRecorder(target, taps)
@@ -133,7 +134,7 @@ def speculative_generate(
 
 
 @torch.inference_mode()
-def greedy_generate(target, prompt_S: torch.Tensor, *, max_new: int, eos: set[int]) -> Decoded:  # type: ignore[no-untyped-def]
+def greedy_generate(target: PreTrainedModel, prompt_S: torch.Tensor, *, max_new: int, eos: set[int]) -> Decoded:
     """Plain greedy decoding with a KV cache: the baseline."""
     start_time = time.perf_counter()
     out = target(input_ids=prompt_S[None], use_cache=True)

@@ -49,7 +49,9 @@ class Eagle3Attention(nn.Module):
         self.v_proj = nn.Linear(2 * spec.hidden_size, self.g * self.d, bias=False)
         self.o_proj = nn.Linear(self.h * self.d, spec.hidden_size, bias=False)
 
-    def qkv(self, x_BS2H: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):  # type: ignore[no-untyped-def]
+    def qkv(
+        self, x_BS2H: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated `q` `[B, h, S, d]`, `k` and `v` `[B, h, S, d]` (kv heads already repeated)."""
         B, S, _ = x_BS2H.shape
         q = self.q_proj(x_BS2H).view(B, S, self.h, self.d).transpose(1, 2)

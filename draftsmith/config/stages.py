@@ -6,7 +6,7 @@ Cross-section rules (taps against the target's layer count, for instance) live i
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from draftsmith.config.base import StrictModel
 
@@ -127,7 +127,7 @@ class DrafterConfig(StrictModel):
 
     @field_validator("num_kv_heads")
     @classmethod
-    def _kv_divides_heads(cls, kv: int, info) -> int:  # type: ignore[no-untyped-def]
+    def _kv_divides_heads(cls, kv: int, info: ValidationInfo) -> int:
         heads = info.data.get("num_heads")
         if heads is not None and heads % kv != 0:
             raise ValueError(f"num_kv_heads ({kv}) must divide num_heads ({heads})")

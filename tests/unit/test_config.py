@@ -131,3 +131,26 @@ def test_prefect_yaml_parameters_match_their_recipes():
         params = PipelineConfig.model_validate(dep["parameters"]["config"])
         assert params == load_recipe(DIR / f"{params.name}.yaml"), dep["name"]
         assert dep["entrypoint"] == "flows/pipeline.py:kimi_k3"
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (ConnectionResetError("reset by peer"), True),
+        (TimeoutError("read timed out"), True),
+        (ValueError("select.path: bad row"), False),
+        (MemoryError(), False),
+        (RuntimeError("loss is NaN"), False),
+    ],
+)
+def test_only_transient_errors_are_retried(exc, transient):
+    from prefect.states import Failed
+
+    from draftsmith.retry import is_transient, transient_only
+
+    assert is_transient(exc) is transient
+    assert transient_only(None, None, Failed(data=exc)) is transient
+    try:
+        raise RuntimeError("stage failed") from exc
+    except RuntimeError as wrapped:
+        assert is_transient(wrapped) is transient
