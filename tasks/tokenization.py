@@ -11,10 +11,12 @@ import multiprocessing as mp
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.pool import Pool
 
 import numpy as np
 import torch
 from prefect import task
+from transformers import PreTrainedTokenizerBase
 
 from draftsmith import storage, tensorio
 from draftsmith.caching import artifact_cache_key
@@ -36,7 +38,9 @@ class Encoded:
     truncated: bool
 
 
-def assistant_spans(tok, messages: Sequence[dict], *, last_turn_only: bool) -> tuple[str, list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
+def assistant_spans(
+    tok: PreTrainedTokenizerBase, messages: Sequence[dict], *, last_turn_only: bool
+) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of its assistant turns."""
     full = tok.apply_chat_template(list(messages), tokenize=False)
     spans = []
@@ -56,7 +60,7 @@ def assistant_spans(tok, messages: Sequence[dict], *, last_turn_only: bool) -> t
     return full, spans
 
 
-def encode(tok, messages: Sequence[dict], *, max_length: int, last_turn_only: bool) -> Encoded:  # type: ignore[no-untyped-def]
+def encode(tok: PreTrainedTokenizerBase, messages: Sequence[dict], *, max_length: int, last_turn_only: bool) -> Encoded:
     """Tokenize a conversation and build its assistant-only loss mask, truncated to `max_length`."""
     text, spans = assistant_spans(tok, messages, last_turn_only=last_turn_only)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -139,7 +143,7 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
     return run_stage(STAGE, out_uri, key, compute)
 
 
-def _tokenize_shards(cfg: TokenizeConfig, conversations: StageManifest, uri: str, pool) -> StageResult:  # type: ignore[no-untyped-def]
+def _tokenize_shards(cfg: TokenizeConfig, conversations: StageManifest, uri: str, pool: Pool | None) -> StageResult:
     files: list[FileEntry] = []
     counts = {"samples": 0, "tokens": 0, "loss_tokens": 0, "truncated": 0, "dropped.min_loss_tokens": 0}
     for index, name in enumerate(conversations.names("conversations-")):
