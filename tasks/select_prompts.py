@@ -11,7 +11,7 @@ from draftsmith.config import SelectConfig
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
-from tasks import prompt_pool
+from tasks import prompt_pool, prompt_sources
 from tasks.prompt_pool import PromptRecord
 
 STAGE = "select_prompts"
@@ -21,7 +21,7 @@ def _load(cfg: SelectConfig, seed: int) -> list[PromptRecord]:
     if cfg.source == "synthetic":
         return prompt_pool.synthetic_pool(cfg.num_prompts, seed=seed, mix=cfg.mix)
     assert cfg.path is not None  # enforced by PipelineConfig
-    return prompt_pool.read_prompts_jsonl(cfg.path)
+    return prompt_sources.read_prompts_jsonl(cfg.path)
 
 
 def read_prompts(manifest: StageManifest, split: str) -> list[PromptRecord]:
@@ -31,16 +31,16 @@ def read_prompts(manifest: StageManifest, split: str) -> list[PromptRecord]:
 
 def select_prompts(cfg: SelectConfig, *, seed: int, out_uri: str) -> StageManifest:
     """Draw, deduplicate and split prompts into `train.jsonl` and `eval.jsonl` under `out_uri`."""
-    key = stage_key(STAGE, [sys.modules[__name__], prompt_pool], cfg=cfg, seed=seed)
+    key = stage_key(STAGE, [sys.modules[__name__], prompt_pool, prompt_sources], cfg=cfg, seed=seed)
 
     def compute(uri: str) -> StageResult:
-        records, duplicates = prompt_pool.dedupe(_load(cfg, seed))
+        records, duplicates = prompt_sources.dedupe(_load(cfg, seed))
         records = records[: cfg.num_prompts]
         if len(records) <= cfg.num_eval:
             raise ValueError(
                 f"select: only {len(records)} distinct prompts, not enough for select.num_eval={cfg.num_eval}"
             )
-        train, held_out = prompt_pool.split_heldout(records, eval_fraction=cfg.num_eval / len(records), seed=seed)
+        train, held_out = prompt_sources.split_heldout(records, eval_fraction=cfg.num_eval / len(records), seed=seed)
         files = [
             file_entry(uri, f"{name}.jsonl", _jsonl_bytes(rows))
             for name, rows in (("train", train), ("eval", held_out))

@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tasks.prompt_pool import (
-    CATEGORIES,
-    PromptRecord,
-    dedupe,
-    read_prompts_jsonl,
-    split_heldout,
-    synthetic_pool,
-)
+from tasks.prompt_pool import CATEGORIES, PromptRecord, synthetic_pool
+from tasks.prompt_sources import dedupe, read_prompts_jsonl, split_heldout
 
 pytestmark = pytest.mark.unit
 
