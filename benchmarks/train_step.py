@@ -75,7 +75,6 @@ def main() -> None:
     for depth in (3, 7):
         full = _step_time(opt, lambda d=depth: _full_logits_loss(model, ids, feats, target_full, mask, d))
         ours = _step_time(
-            model,
             opt,
             lambda d=depth: ttt_loss(model.logits, model.ttt_hidden(ids, feats, d), target_full[mask], mask, 0.8).total,
         )
