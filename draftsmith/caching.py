@@ -11,9 +11,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from prefect import task
 from pydantic import BaseModel
 
 from draftsmith import storage
+from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import load_manifest
 
 
@@ -39,3 +41,15 @@ def artifact_cache_key(stage: str) -> Callable[[Any, dict[str, Any]], str | None
         return h.hexdigest()
 
     return key_fn
+
+
+def stage_task(name: str, stage: str) -> Callable[[Callable[..., Any]], Any]:
+    """The `@task` every stage wrapper uses: artifact-checked caching, transient-only retries."""
+    return task(
+        name=name,
+        cache_key_fn=artifact_cache_key(stage),
+        persist_result=True,
+        retries=RETRIES,
+        retry_delay_seconds=RETRY_DELAYS,
+        retry_condition_fn=transient_only,
+    )

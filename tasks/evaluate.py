@@ -10,16 +10,14 @@ import sys
 from collections import defaultdict
 
 import torch
-from prefect import task
 from transformers import PreTrainedTokenizerBase
 
 from drafters import verify
 from drafters.eagle3 import decode, export
 from draftsmith import storage
-from draftsmith.caching import artifact_cache_key
+from draftsmith.caching import stage_task
 from draftsmith.config import EvaluateConfig, TargetConfig
 from draftsmith.manifest import StageManifest, file_entry
-from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 from tasks.prompt_pool import PromptRecord
@@ -134,14 +132,7 @@ def read_results(manifest: StageManifest) -> dict:
     return storage.read_json(manifest.path("results.json"))
 
 
-@task(
-    name="evaluate",
-    cache_key_fn=artifact_cache_key(STAGE),
-    persist_result=True,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=transient_only,
-)
+@stage_task("evaluate", STAGE)
 def evaluate_task(
     cfg: EvaluateConfig, target: TargetConfig, prompts: StageManifest, checkpoint: StageManifest, run_dir: str
 ) -> StageManifest:

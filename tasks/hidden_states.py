@@ -13,14 +13,12 @@ import logging
 import sys
 
 import torch
-from prefect import task
 from transformers import PreTrainedModel
 
 from draftsmith import storage, tensorio
-from draftsmith.caching import artifact_cache_key
+from draftsmith.caching import stage_task
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
-from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 from tasks.tokenization import read_token_shard
@@ -136,14 +134,7 @@ def bytes_per_token(num_taps: int, hidden_size: int, store_dtype: str) -> int:
     return (num_taps + 1) * hidden_size * width + 4 + 1
 
 
-@task(
-    name="hidden-states",
-    cache_key_fn=artifact_cache_key(STAGE),
-    persist_result=True,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=transient_only,
-)
+@stage_task("hidden-states", STAGE)
 def hidden_states_task(
     cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest, run_dir: str
 ) -> StageManifest:

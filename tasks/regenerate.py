@@ -12,14 +12,12 @@ import sys
 from collections import Counter
 
 import torch
-from prefect import task
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith import storage
-from draftsmith.caching import artifact_cache_key
+from draftsmith.caching import stage_task
 from draftsmith.config import RegenerateConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
-from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 from tasks.prompt_pool import PromptRecord
@@ -141,14 +139,7 @@ def read_conversations(manifest: StageManifest) -> list[dict]:
     return rows
 
 
-@task(
-    name="regenerate",
-    cache_key_fn=artifact_cache_key(STAGE),
-    persist_result=True,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=transient_only,
-)
+@stage_task("regenerate", STAGE)
 def regenerate_task(
     cfg: RegenerateConfig, target: TargetConfig, prompts: StageManifest, seed: int, run_dir: str
 ) -> StageManifest:

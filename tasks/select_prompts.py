@@ -3,13 +3,10 @@
 import sys
 from collections import Counter
 
-from prefect import task
-
 from draftsmith import storage
-from draftsmith.caching import artifact_cache_key
+from draftsmith.caching import stage_task
 from draftsmith.config import SelectConfig
 from draftsmith.manifest import StageManifest, file_entry
-from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from tasks import prompt_pool, prompt_sources
 from tasks.prompt_pool import PromptRecord
@@ -56,13 +53,6 @@ def _jsonl_bytes(rows: list[PromptRecord]) -> bytes:
     return "".join(r.model_dump_json() + "\n" for r in rows).encode()
 
 
-@task(
-    name="select-prompts",
-    cache_key_fn=artifact_cache_key(STAGE),
-    persist_result=True,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=transient_only,
-)
+@stage_task("select-prompts", STAGE)
 def select_prompts_task(cfg: SelectConfig, seed: int, run_dir: str) -> StageManifest:
     return select_prompts(cfg, seed=seed, out_uri=storage.join(run_dir, STAGE))

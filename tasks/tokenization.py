@@ -15,14 +15,12 @@ from multiprocessing.pool import Pool
 
 import numpy as np
 import torch
-from prefect import task
 from transformers import PreTrainedTokenizerBase
 
 from draftsmith import storage, tensorio
-from draftsmith.caching import artifact_cache_key
+from draftsmith.caching import stage_task
 from draftsmith.config import TargetConfig, TokenizeConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
-from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from draftsmith.target_setup import resolve_target
 
@@ -165,14 +163,7 @@ def _tokenize_shards(cfg: TokenizeConfig, conversations: StageManifest, uri: str
     return StageResult(files=files, counts=counts)
 
 
-@task(
-    name="tokenize",
-    cache_key_fn=artifact_cache_key(STAGE),
-    persist_result=True,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=transient_only,
-)
+@stage_task("tokenize", STAGE)
 def tokenize_task(
     cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, run_dir: str
 ) -> StageManifest:

@@ -4,16 +4,14 @@ import json
 import sys
 
 import torch
-from prefect import task
 from transformers import PretrainedConfig, PreTrainedModel
 
 from drafters import data, trainer, vocab
 from drafters.eagle3 import export, loss, model
 from draftsmith import storage
-from draftsmith.caching import artifact_cache_key
+from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
 from draftsmith.manifest import StageManifest, file_entry
-from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 
@@ -117,14 +115,7 @@ def train(
     return run_stage(STAGE, out_uri, key, compute)
 
 
-@task(
-    name="train",
-    cache_key_fn=artifact_cache_key(STAGE),
-    persist_result=True,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=transient_only,
-)
+@stage_task("train", STAGE)
 def train_task(
     cfg: TrainConfig,
     drafter_cfg: DrafterConfig,
