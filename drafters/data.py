@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith import storage, tensorio
+from draftsmith.batching import group_by_length
 from draftsmith.manifest import StageManifest
 
 
@@ -51,13 +52,7 @@ def length_grouped_batches(lengths: list[int], budget: int, *, seed: int) -> lis
     Sorting by length keeps padding low; shuffling the batch order keeps the optimiser from seeing
     all short (or all long) samples in a row.
     """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
+    batches = group_by_length(lengths, budget)
     perm = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
     return [batches[p] for p in perm]
 

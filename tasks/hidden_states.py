@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith import storage, tensorio
+from draftsmith.batching import group_by_length
 from draftsmith.caching import stage_task
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
@@ -28,25 +29,13 @@ STAGE = "hidden_states"
 FORMAT_VERSION = 1
 
 
-def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Group sample indices, longest first, so that `batch_size * max_len <= budget` (one sample at least)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
 def capture_samples(
     model: PreTrainedModel, samples: list[dict], cfg: HiddenStatesConfig, pad_id: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sample: taps `[S, N*H]` and last hidden `[S, H]`, in `store_dtype`, in input order."""
     dtype = getattr(torch, cfg.store_dtype)
     out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(samples)
-    for batch in micro_batches([len(s["input_ids"]) for s in samples], cfg.batch_tokens):
+    for batch in group_by_length([len(s["input_ids"]) for s in samples], cfg.batch_tokens):
         width = len(samples[batch[0]]["input_ids"])
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
