@@ -35,6 +35,9 @@ class PromptRecord(BaseModel):
     turns: list[str] = Field(
         min_length=1, description="User messages in order; the target generates one reply after each."
     )
+    tools: list[dict] | None = Field(
+        default=None, description="OpenAI-style tool definitions offered to the target in every turn."
+    )
 
     @field_validator("id", "category")
     @classmethod

@@ -2,18 +2,18 @@
 
 from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe
 from draftsmith.config.pipeline import PipelineConfig
+from draftsmith.config.regenerate import RegenerateConfig
+from draftsmith.config.select import SelectConfig
 from draftsmith.config.stages import (
     DrafterConfig,
     EvaluateConfig,
     HiddenStatesConfig,
-    RegenerateConfig,
     Resources,
-    SelectConfig,
     StorageConfig,
     TargetConfig,
-    TokenizeConfig,
     TrainConfig,
 )
+from draftsmith.config.tokenize import TokenizeConfig
 
 __all__ = [
     "DrafterConfig",

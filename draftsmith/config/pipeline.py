@@ -5,17 +5,17 @@ import re
 from pydantic import Field, model_validator
 
 from draftsmith.config.base import StrictModel
+from draftsmith.config.regenerate import RegenerateConfig
+from draftsmith.config.select import SelectConfig
 from draftsmith.config.stages import (
     DrafterConfig,
     EvaluateConfig,
     HiddenStatesConfig,
-    RegenerateConfig,
-    SelectConfig,
     StorageConfig,
     TargetConfig,
-    TokenizeConfig,
     TrainConfig,
 )
+from draftsmith.config.tokenize import TokenizeConfig
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -52,8 +52,6 @@ class PipelineConfig(StrictModel):
                 f"select.num_eval: {self.select.num_eval} held-out prompts leave none of "
                 f"select.num_prompts ({self.select.num_prompts}) for training"
             )
-        if self.select.source == "jsonl" and not self.select.path:
-            raise ValueError("select.path: required when select.source is 'jsonl'")
         if self.drafter.draft_vocab_size > self.target.vocab_size:
             raise ValueError(
                 f"drafter.draft_vocab_size: {self.drafter.draft_vocab_size} exceeds target.vocab_size "

@@ -49,39 +49,6 @@ class StorageConfig(StrictModel):
     )
 
 
-class SelectConfig(StrictModel):
-    """Prompt selection: the built-in synthetic pool or a JSONL file, deduplicated, with a held-out split."""
-
-    source: Literal["synthetic", "jsonl"] = Field("synthetic", description="Where prompts come from.")
-    path: str | None = Field(None, description="JSONL file (local or fsspec URL) when source is `jsonl`.")
-    num_prompts: int = Field(gt=0, description="Prompts drawn from the synthetic pool (or kept from the file).")
-    num_eval: int = Field(gt=0, description="Prompts held out for evaluation, stratified by category.")
-    mix: dict[str, float] | None = Field(None, description="Category proportions for the synthetic pool.")
-    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
-
-
-class RegenerateConfig(StrictModel):
-    """Response regeneration: the target answers every user turn, in order."""
-
-    engine: Literal["hf", "openai", "vllm"] = Field("hf", description="Target engine backend.")
-    batch_size: int = Field(16, gt=0, description="Conversations generated together.")
-    max_new_tokens: int = Field(128, gt=0, description="Token limit per assistant turn.")
-    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 means greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    shard_size: int = Field(64, gt=0, description="Conversations per output shard (the resume unit).")
-    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
-
-
-class TokenizeConfig(StrictModel):
-    """Chat-template rendering with an assistant-only loss mask."""
-
-    max_length: int = Field(1024, gt=8, description="Longer conversations are truncated to this many tokens.")
-    num_workers: int = Field(2, ge=0, description="Tokenizer processes; 0 tokenizes in-process.")
-    last_turn_only: bool = Field(False, description="Only the final assistant turn carries loss.")
-    min_loss_tokens: int = Field(1, ge=0, description="Conversations with fewer loss tokens are dropped.")
-    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
-
-
 class HiddenStatesConfig(StrictModel):
     """Target forward that captures the residual stream at the taps, plus the final hidden state."""
 
