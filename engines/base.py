@@ -68,3 +68,10 @@ class TargetEngine(Protocol):
     def close(self) -> None:
         """Release processes, connections and memory."""
         ...
+
+
+def template_hash(template: str | None) -> str:
+    """sha256 of a chat template's text (`""` when absent): recorded by regenerate, checked by tokenize."""
+    import hashlib
+
+    return hashlib.sha256((template or "").encode()).hexdigest()
