@@ -34,7 +34,8 @@ def render_plan(cfg: PipelineConfig, run_dir: str) -> str:
         (
             "select_prompts",
             cfg.select.resources,
-            f"{train_prompts} train + {cfg.select.num_eval} held-out prompts from {cfg.select.source}",
+            f"{train_prompts} train + {cfg.select.num_eval} held-out prompts from "
+            + ", ".join(f"{s.kind}:{s.path}" if s.path else s.kind for s in cfg.select.resolved_sources()),
         ),
         (
             "regenerate",

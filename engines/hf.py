@@ -1,12 +1,16 @@
 """The in-process Hugging Face target engine: the embedded default on CPU.
 
+`HFEngine` is the `TargetEngine` regeneration uses; `chat_generate` is the same batched call on plain
+message lists; `TapRecorder`/`forward_with_taps` serve the hidden-state and evaluation stages.
+
 Shape legend: B batch, S sequence, H target hidden size, N number of taps, V target vocabulary.
 """
 
 import functools
 import logging
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,19 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from draftsmith.config import TargetConfig
 from draftsmith.target_setup import resolve_target
+from engines.base import ChatRequest, Completion, SamplingParams, template_hash
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, str]
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One generated assistant turn."""
-
-    text: str
-    num_tokens: int
-    finished: bool  # ended on an end-of-turn token rather than the length limit
+Message = dict[str, Any]
 
 
 @functools.lru_cache(maxsize=2)
@@ -68,6 +64,43 @@ def end_of_turn_ids(tok: PreTrainedTokenizerBase, model: PreTrainedModel) -> lis
     return ids
 
 
+def _generate_batch(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    n: int = 1,
+) -> list[list[Completion]]:
+    """One left-padded `generate` over rendered prompts; `n` completions per prompt, in prompt order.
+
+    Greedy decoding (temperature 0) cannot draw distinct samples, so its single answer is repeated n times.
+    """
+    enc = tok(list(texts), return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    eos = end_of_turn_ids(tok, model)
+    sampling = {"temperature": temperature, "top_p": top_p} if temperature > 0 else {}
+    draws = n if temperature > 0 else 1
+    out_BS = model.generate(
+        **enc,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=eos,
+        do_sample=temperature > 0,
+        num_return_sequences=draws,
+        **sampling,
+    )
+    flat = []
+    for row in out_BS[:, enc["input_ids"].shape[1] :].tolist():
+        stop = next((i for i, t in enumerate(row) if t in eos), None)
+        body = row if stop is None else row[:stop]
+        text = tok.decode(body, skip_special_tokens=True).strip()
+        flat.append(Completion(text=text, num_tokens=len(body), finish_reason="length" if stop is None else "stop"))
+    # generate() returns the draws of prompt i at rows i*draws .. i*draws+draws-1.
+    return [flat[i * draws : (i + 1) * draws] * (n // draws) for i in range(len(texts))]
+
+
 @torch.inference_mode()
 def chat_generate(
     model: PreTrainedModel,
@@ -80,24 +113,90 @@ def chat_generate(
 ) -> list[Completion]:
     """Answer each conversation's last user turn with one batched `generate` call (left padding)."""
     texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
-    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    eos = end_of_turn_ids(tok, model)
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {}
-    out = model.generate(
-        **enc,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=eos,
-        do_sample=temperature > 0,
-        **sampling,
+    outs = _generate_batch(model, tok, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    return [o[0] for o in outs]
+
+
+_THINK = re.compile(r"^\s*(?:<think>)?(?P<reasoning>.*?)</think>\s*(?P<answer>.*)$", re.DOTALL)
+
+
+def split_reasoning(completion: Completion) -> Completion:
+    """Move a leading `<think>...</think>` block (thinking models) from the answer into `reasoning`."""
+    match = _THINK.match(completion.text)
+    if match is None:
+        return completion
+    return Completion(
+        text=match["answer"].strip(),
+        num_tokens=completion.num_tokens,
+        finish_reason=completion.finish_reason,
+        reasoning=match["reasoning"].strip(),
     )
-    completions = []
-    for row in out[:, enc["input_ids"].shape[1] :].tolist():
-        stop = next((i for i, t in enumerate(row) if t in eos), None)
-        body = row if stop is None else row[:stop]
-        text = tok.decode(body, skip_special_tokens=True).strip()
-        completions.append(Completion(text=text, num_tokens=len(body), finished=stop is not None))
-    return completions
+
+
+class HFEngine:
+    """`TargetEngine` on the in-process HF target: batched, left-padded `generate`.
+
+    `SamplingParams.extra_body` entries become chat-template keyword arguments (`enable_thinking`...). A
+    template that never mentions a key would silently ignore it, so a key it does not read is an error
+    unless its value is falsy (switching off what the template lacks changes nothing).
+    """
+
+    def __init__(self, target: TargetConfig, *, batch_size: int = 16) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"HFEngine: batch_size must be positive, got {batch_size}")
+        self.target = target
+        self.batch_size = batch_size
+        self.model, self.tok = load_target(target)
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "engine": "hf",
+            "model": self.target.name,
+            "source": self.target.source,
+            "chat_template_sha256": template_hash(self.tok.chat_template),
+        }
+
+    def template_kwargs(self, extra_body: dict[str, Any]) -> dict[str, Any]:
+        """The `extra_body` entries the chat template reads; raises for a truthy one it never reads."""
+        template = self.tok.chat_template or ""
+        used = {k: v for k, v in extra_body.items() if re.search(rf"\b{re.escape(k)}\b", template)}
+        unread = sorted(k for k, v in extra_body.items() if k not in used and v)
+        if unread:
+            raise ValueError(
+                f"regenerate.extra_body: the chat template of {self.target.name} never reads {unread}; "
+                "it would ignore them (thinking: the template has no enable_thinking switch)"
+            )
+        return used
+
+    @torch.inference_mode()
+    def chat(self, requests: Sequence[ChatRequest], params: SamplingParams) -> list[list[Completion]]:
+        """`params.n` completions per request, generated `batch_size` requests at a time."""
+        kwargs = self.template_kwargs(params.extra_body)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        out: list[list[Completion]] = []
+        for start in range(0, len(requests), self.batch_size):
+            batch = requests[start : start + self.batch_size]
+            texts = [
+                self.tok.apply_chat_template(
+                    r.messages, tools=r.tools, add_generation_prompt=True, tokenize=False, **kwargs
+                )
+                for r in batch
+            ]
+            outs = _generate_batch(
+                self.model,
+                self.tok,
+                texts,
+                max_new_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                n=params.n,
+            )
+            out.extend([split_reasoning(c) for c in row] for row in outs)
+        return out
+
+    def close(self) -> None:
+        """Nothing to release: the weights stay in `load_target`'s per-process cache for later stages."""
 
 
 class TapRecorder:

@@ -21,7 +21,7 @@ def default_run_dir(config: PipelineConfig) -> str:
 def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, StageManifest]:
     """Select prompts, regenerate, tokenize, capture hidden states, train and evaluate a drafter."""
     run_dir = run_dir or default_run_dir(config)
-    prompts = select_prompts_task(config.select, config.seed, run_dir)
+    prompts = select_prompts_task(config.select, config.target, config.seed, run_dir)
     conversations = regenerate_task(config.regenerate, config.target, prompts, config.seed, run_dir)
     tokens = tokenize_task(config.tokenize, config.target, conversations, run_dir)
     hidden = hidden_states_task(config.hidden_states, config.target, tokens, run_dir)

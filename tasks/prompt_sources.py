@@ -1,20 +1,28 @@
-"""Prompt sources and selection operations: JSONL input, deduplication, the held-out split.
+"""Prompt sources: JSONL, Parquet and Hugging Face datasets, plus the strict JSONL reader and old helpers.
 
-Rows are validated one by one, and a bad row names its file and line, so a 150K-prompt corpus fails
-at the row that is wrong rather than somewhere downstream.
+The stage reads leniently (`load_sources`): each row becomes a record or a reject naming its file, line
+and reason, so one bad row in a 150K-prompt corpus neither stops the stage nor vanishes. The strict
+`read_prompts_jsonl` raises at the first bad row, for callers that want that.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
 from pydantic import ValidationError
 
+from draftsmith import storage
+from draftsmith.config.select import PromptSource
+from draftsmith.rejects import Rejects
+from tasks import prompt_pool
+from tasks.prompt_formats import RowError, normalize_row
 from tasks.prompt_pool import PromptRecord, dedupe_key
 
 
@@ -200,3 +208,189 @@ def split_heldout(
         held.update(random.Random(f"{seed}:{category}").sample(indices, k))
     train = [record for index, record in enumerate(records) if index not in held]
     return train, [records[index] for index in sorted(held)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Lenient sources for the selection stage: every row read becomes a record or a reject, never a crash.
+
+
+@dataclass
+class _Bad:
+    """A row that failed before normalisation (bytes or JSON)."""
+
+    reason: str
+    detail: str
+    raw: Any
+
+
+@dataclass
+class LoadedPrompts:
+    """Records of all sources in source order, and how many rows each source yielded (rejects included)."""
+
+    records: list[PromptRecord] = field(default_factory=list)
+    read_by_source: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def read(self) -> int:
+        return sum(self.read_by_source.values())
+
+
+def load_sources(
+    sources: list[PromptSource],
+    *,
+    synthetic_rows: int,
+    mix: dict[str, float] | None,
+    seed: int,
+    rejects: Rejects,
+) -> LoadedPrompts:
+    """Read and normalise every source; unusable rows go to `rejects` with file, line and reason.
+
+    Args:
+        sources: In priority order (earlier rows win exact- and near-duplicate ties).
+        synthetic_rows: Pool size of a synthetic source without `max_rows`.
+        mix: Category weights; the synthetic pool draws the synthetic categories among them.
+        seed: Seed of the synthetic pool.
+        rejects: Collector for unusable rows (reasons of `normalize_row`, plus `invalid_utf8`,
+            `malformed_json` and `duplicate_id`).
+    """
+    out = LoadedPrompts()
+    seen_ids: dict[str, str] = {}
+    for src in sources:
+        where = src.path or "synthetic"
+        if src.kind == "synthetic":
+            records = prompt_pool.synthetic_pool(src.max_rows or synthetic_rows, seed=seed, mix=_synthetic_mix(mix))
+            rows: Iterator[tuple[int, Any]] = ((i, r) for i, r in enumerate(records, start=1))
+        else:
+            rows = _rows(src)
+        read = 0
+        for line, row in rows:
+            if src.max_rows is not None and read >= src.max_rows:
+                break
+            read += 1
+            record = row if isinstance(row, PromptRecord) else _record(row, src, line, where, rejects)
+            if record is None:
+                continue
+            if record.id in seen_ids:
+                rejects.add(
+                    source=where,
+                    line=line,
+                    row_id=record.id,
+                    reason="duplicate_id",
+                    detail=f"id {record.id!r} already used ({seen_ids[record.id]})",
+                )
+                continue
+            seen_ids[record.id] = f"{where}:{line}"
+            out.records.append(record)
+        out.read_by_source[where] = out.read_by_source.get(where, 0) + read
+    return out
+
+
+def _synthetic_mix(mix: dict[str, float] | None) -> dict[str, float] | None:
+    if mix is None:
+        return None
+    own = {c: w for c, w in mix.items() if c in prompt_pool.CATEGORIES}
+    # No synthetic category weighted: draw evenly, and let the selection's quotas discard them.
+    return own if any(w > 0 for w in own.values()) else None
+
+
+def _record(row: Any, src: PromptSource, line: int, where: str, rejects: Rejects) -> PromptRecord | None:
+    if isinstance(row, _Bad):
+        rejects.add(source=where, line=line, reason=row.reason, detail=row.detail, raw=row.raw)
+        return None
+    try:
+        return normalize_row(row, default_id=f"{src.label()}-{line}", default_category=src.category)
+    except RowError as exc:
+        row_id = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
+        raw = json.dumps(row, ensure_ascii=False, default=str) if isinstance(row, dict | list) else row
+        rejects.add(source=where, line=line, row_id=row_id, reason=exc.reason, detail=exc.detail, raw=raw)
+        return None
+
+
+def _rows(src: PromptSource) -> Iterator[tuple[int, Any]]:
+    assert src.path is not None  # enforced by SelectConfig
+    if src.kind == "jsonl":
+        return jsonl_rows(src.path)
+    if src.kind == "parquet":
+        return parquet_rows(src.path)
+    return hf_rows(src)
+
+
+def jsonl_rows(path: str) -> Iterator[tuple[int, Any]]:
+    """`(line, row)` per non-blank line; undecodable lines come as `_Bad` (`invalid_utf8`, `malformed_json`).
+
+    Lines are read as bytes and decoded one by one, so one bad byte costs one row, not the file.
+    Compression (.gz, .zst, ...) follows the file name.
+    """
+    with fsspec.open(path, "rb", compression="infer") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield line_no, _Bad("invalid_utf8", f"invalid UTF-8 at byte {exc.start}: {exc.reason}", repr(raw))
+                continue
+            try:
+                yield line_no, json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield line_no, _Bad("malformed_json", f"invalid JSON: {exc.msg} at column {exc.colno}", text)
+
+
+def parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
+    """`(row number from 1, row dict)` of a Parquet file, read in record batches."""
+    import pyarrow.parquet as pq
+
+    with fsspec.open(path, "rb") as handle:
+        row_no = 0
+        for batch in pq.ParquetFile(handle).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                row_no += 1
+                yield row_no, row
+
+
+def hf_rows(src: PromptSource) -> Iterator[tuple[int, Any]]:
+    """Rows of a Hugging Face dataset: by name (`load_dataset`) or from a `save_to_disk` folder."""
+    import datasets
+
+    assert src.path is not None
+    if src.kind == "hf":
+        data = datasets.load_dataset(src.path, src.subset, split=src.split, revision=src.revision)
+    else:
+        data = datasets.load_from_disk(src.path)
+        if isinstance(data, datasets.DatasetDict):
+            if src.split not in data:
+                raise ValueError(f"select.sources: {src.path}: no split {src.split!r}; it has {sorted(data)}")
+            data = data[src.split]
+    if src.max_rows is not None:
+        data = data.select(range(min(src.max_rows, len(data))))
+    yield from enumerate(data, start=1)
+
+
+def source_fingerprint(src: PromptSource) -> str:
+    """What identifies a source's content for the stage key (hub datasets: name, split and revision)."""
+    if src.kind == "synthetic":
+        return "synthetic"
+    assert src.path is not None
+    if src.kind == "hf":
+        return f"hf:{src.path}:{src.subset}:{src.split}:{src.revision}"
+    return path_fingerprint(src.path)
+
+
+def path_fingerprint(url: str) -> str:
+    """sha256 of a local file's (or folder's) bytes; an object store's ETag/size/mtime for remote URLs."""
+    fs, path = storage.filesystem(url)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{url}: file or folder does not exist")
+    files = sorted(fs.find(path)) if fs.isdir(path) else [path]
+    h = hashlib.sha256()
+    for name in files:
+        h.update(f"\0{name[len(path) :]}\0".encode())
+        if storage.is_local(url):
+            with fs.open(name, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    h.update(chunk)
+        else:
+            info = fs.info(name)
+            keep = ("ETag", "etag", "size", "LastModified", "mtime", "VersionId", "md5Hash", "generation")
+            h.update(json.dumps({k: str(info[k]) for k in keep if k in info}, sort_keys=True).encode())
+    return h.hexdigest()

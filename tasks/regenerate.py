@@ -1,135 +1,291 @@
 """Stage 2: the target answers every training prompt, turn by turn, written as conversation shards.
 
 Drafters learn the target's own distribution, so the responses come from the target rather than from
-the dataset. Turn k of a multi-turn prompt is generated after, and conditioned on, the regenerated
-turns before it. Each shard is written atomically and skipped on rerun, so a killed run resumes.
+the dataset. The stage is engine-agnostic (`engines.factory.make_engine`: hf, openai, vllm).
+
+- Multi-turn: turn k of a prompt is generated after, and conditioned on, the regenerated turns before it.
+- Samples: with `n > 1` the first turn is sampled n times in one request and each sample forks its own
+  conversation `<id>#<s>`, which continues with one sample per later turn. With `n == 1` ids are kept.
+- Resume by completed ids: pending prompts are taken in order, `shard_size` at a time; a chunk's
+  kept rows go to `conversations-NNNNN.jsonl`, then `chunks/NNNNN.json` (its prompt ids and dropped
+  rows) commits it. A rerun skips every committed prompt id and redoes an uncommitted chunk whole, so a
+  killed run loses at most one chunk and never duplicates a row; the chunks of a resumed run are the
+  chunks of an uninterrupted one.
+- Validation: a conversation with an empty answer (no text, no tool call), or with a truncated turn when
+  `drop_truncated`, stops being continued and goes to `rejected.jsonl`; the manifest counts
+  `dropped.<reason>` and the stage fails when the dropped share passes `max_rejected_share`.
 """
 
-import hashlib
 import json
 import logging
+import re
 import sys
-from collections import Counter
+from dataclasses import dataclass, field
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import RegenerateConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
-from engines import hf
+from draftsmith.target_setup import resolve_target
+from engines import base, factory
+from engines.base import ChatRequest, Completion, Message, SamplingParams, TargetEngine, template_hash
 from tasks.prompt_pool import PromptRecord
 from tasks.select_prompts import read_prompts
 
 log = logging.getLogger(__name__)
 STAGE = "regenerate"
+DROP_REASONS = ("empty_answer", "truncated")
+_SHARD = re.compile(r"conversations-(\d{5})\.jsonl")
 
 
-def _messages(record: PromptRecord, answers: list[str], upto: int) -> list[hf.Message]:
-    """System prompt, then user/assistant pairs up to and including user turn `upto`."""
-    msgs: list[hf.Message] = [{"role": "system", "content": record.system}] if record.system else []
-    for k in range(upto + 1):
-        msgs.append({"role": "user", "content": record.turns[k]})
-        if k < upto:
-            msgs.append({"role": "assistant", "content": answers[k]})
-    return msgs
+@dataclass
+class _Fork:
+    """One conversation being regenerated."""
+
+    record: PromptRecord
+    id: str
+    messages: list[Message]
+    finish: list[str] = field(default_factory=list)
+    drop: tuple[str, str] | None = None  # (reason, detail) once rejected
+
+    def row(self) -> dict:
+        row = {"id": self.id, "category": self.record.category, "messages": self.messages, "finish": self.finish}
+        if self.record.tools:
+            row["tools"] = self.record.tools
+        return row
 
 
-def regenerate_shard(
-    cfg: RegenerateConfig,
-    model: PreTrainedModel,
-    tok: PreTrainedTokenizerBase,
-    records: list[PromptRecord],
-    seed: int,
-) -> list[dict]:
-    """Generate every assistant turn of `records`; one row per conversation with `finish` per turn."""
-    torch.manual_seed(seed)
-    answers: list[list[str]] = [[] for _ in records]
-    finish: list[list[str]] = [[] for _ in records]
-    for turn in range(max(len(r.turns) for r in records)):
-        pending = [i for i, r in enumerate(records) if len(r.turns) > turn]
-        for start in range(0, len(pending), cfg.batch_size):
-            batch = pending[start : start + cfg.batch_size]
-            outs = hf.chat_generate(
-                model,
-                tok,
-                [_messages(records[i], answers[i], turn) for i in batch],
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
+def _user(record: PromptRecord, turn: int) -> list[Message]:
+    """The messages opening user turn `turn`: the system prompt first, before turn 0."""
+    system = [{"role": "system", "content": record.system}] if record.system and turn == 0 else []
+    return [*system, {"role": "user", "content": record.turns[turn]}]
+
+
+def _assistant(c: Completion) -> Message:
+    msg: Message = {"role": "assistant", "content": c.text}
+    if c.reasoning:
+        msg["reasoning_content"] = c.reasoning
+    if c.tool_calls:
+        msg["tool_calls"] = c.tool_calls
+    return msg
+
+
+def _answer(fork: _Fork, c: Completion, turn: int, cfg: RegenerateConfig) -> None:
+    """Append a generated turn to `fork`, marking the fork dropped when the turn is unusable."""
+    fork.messages.append(_assistant(c))
+    fork.finish.append(c.finish_reason)
+    if not c.text.strip() and not c.tool_calls:
+        fork.drop = ("empty_answer", f"assistant turn {turn} is empty")
+    elif c.finish_reason == "length" and cfg.drop_truncated:
+        fork.drop = ("truncated", f"assistant turn {turn} hit max_new_tokens={cfg.max_new_tokens}")
+
+
+def sampling_params(cfg: RegenerateConfig, *, n: int, seed: int) -> SamplingParams:
+    """Sampling for one engine call; hf and vllm render the template, so thinking is a template kwarg."""
+    extra = dict(cfg.extra_body)
+    if cfg.engine != "openai":
+        extra["enable_thinking"] = cfg.thinking
+    return SamplingParams(
+        max_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, n=n, seed=seed, extra_body=extra
+    )
+
+
+def _call(engine: TargetEngine, forks: list[_Fork], params: SamplingParams) -> list[list[Completion]]:
+    outs = engine.chat([ChatRequest(messages=f.messages, tools=f.record.tools) for f in forks], params)
+    if len(outs) != len(forks) or any(len(o) != params.n for o in outs):
+        raise RuntimeError(f"regenerate: the engine answered {len(outs)} requests of {len(forks)}, or a wrong n")
+    return outs
+
+
+def regenerate_records(
+    engine: TargetEngine, cfg: RegenerateConfig, records: list[PromptRecord], *, seed: int
+) -> list[_Fork]:
+    """Generate every assistant turn of `records`: `cfg.n` forks per record, in record then sample order."""
+    firsts = [_Fork(record=r, id=r.id, messages=_user(r, 0)) for r in records]
+    outs = _call(engine, firsts, sampling_params(cfg, n=cfg.n, seed=seed))
+    forks = []
+    for first, completions in zip(firsts, outs, strict=True):
+        for s, c in enumerate(completions):
+            fork_id = f"{first.id}#{s}" if cfg.n > 1 else first.id
+            fork = _Fork(record=first.record, id=fork_id, messages=list(first.messages))
+            _answer(fork, c, 0, cfg)
+            forks.append(fork)
+    for turn in range(1, max(len(r.turns) for r in records)):
+        live = [f for f in forks if f.drop is None and len(f.record.turns) > turn]
+        if not live:
+            break
+        for f in live:
+            f.messages.extend(_user(f.record, turn))
+        for f, [c] in zip(live, _call(engine, live, sampling_params(cfg, n=1, seed=seed + turn)), strict=True):
+            _answer(f, c, turn, cfg)
+    return forks
+
+
+@dataclass
+class _Chunk:
+    """A committed chunk: its shard, the prompt ids it answered and the rows it dropped."""
+
+    index: int
+    shard: str
+    prompt_ids: list[str]
+    rejected: list[dict]
+
+
+def _chunk_url(uri: str, index: int) -> str:
+    return storage.join(uri, "chunks", f"{index:05d}.json")
+
+
+def _committed(uri: str) -> list[_Chunk]:
+    """Chunks whose commit record exists, in index order (a shard without one is redone)."""
+    chunks = []
+    for name in storage.list_names(uri):
+        match = _SHARD.fullmatch(name)
+        if match and storage.exists(_chunk_url(uri, int(match[1]))):
+            rec = storage.read_json(_chunk_url(uri, int(match[1])))
+            chunks.append(_Chunk(int(match[1]), name, rec["prompt_ids"], rec["rejected"]))
+    return sorted(chunks, key=lambda c: c.index)
+
+
+def _run_chunk(
+    engine: TargetEngine, cfg: RegenerateConfig, uri: str, index: int, records: list[PromptRecord], seed: int
+) -> _Chunk:
+    """Regenerate one chunk and commit it: the shard first, then its commit record."""
+    shard = f"conversations-{index:05d}.jsonl"
+    rejects = Rejects(STAGE)
+    kept = []
+    for fork in regenerate_records(engine, cfg, records, seed=seed + 1000 * index):
+        if fork.drop is None:
+            kept.append(fork.row())
+        else:
+            reason, detail = fork.drop
+            rejects.add(source=shard, reason=reason, detail=detail, row_id=fork.id, raw=json.dumps(fork.row()))
+    storage.write_jsonl(storage.join(uri, shard), kept)
+    chunk = _Chunk(index, shard, [r.id for r in records], rejects.rows)
+    storage.write_json(_chunk_url(uri, index), {"prompt_ids": chunk.prompt_ids, "rejected": chunk.rejected})
+    return chunk
+
+
+def _template_provenance(cfg: RegenerateConfig, target: TargetConfig, described: dict[str, str]) -> tuple[str, str]:
+    """`(chat_template_sha256, chat_template_source)`: declared by the recipe, reported by the engine,
+    or read from the local target tokenizer (a remote server is assumed to serve that template)."""
+    reported = described.get("chat_template_sha256")
+    if cfg.chat_template_sha256:
+        if reported and reported != cfg.chat_template_sha256:
+            raise ValueError(
+                f"regenerate.chat_template_sha256: the recipe declares {cfg.chat_template_sha256} but the "
+                f"{described.get('engine')} engine renders with {reported}"
             )
-            for i, out in zip(batch, outs, strict=True):
-                answers[i].append(out.text)
-                finish[i].append("stop" if out.finished else "length")
-    rows = []
-    for record, ans, fin in zip(records, answers, finish, strict=True):
-        msgs = _messages(record, ans, len(record.turns) - 1)
-        msgs.append({"role": "assistant", "content": ans[-1]})
-        rows.append({"id": record.id, "category": record.category, "messages": msgs, "finish": fin})
-    return rows
+        return cfg.chat_template_sha256, "recipe"
+    if reported:
+        return reported, "engine"
+    try:
+        folder = resolve_target(target.source)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(
+            f"regenerate.chat_template_sha256: the {described.get('engine')} engine cannot report its chat "
+            f"template and target.source is not a local model folder ({err}); declare the hash in the recipe"
+        ) from err
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=target.trust_remote_code)
+    log.warning("regenerate: recording the local target tokenizer's chat template; the server must serve it")
+    return template_hash(tok.chat_template), "target_tokenizer"
 
 
-def _template_hash(tok: PreTrainedTokenizerBase) -> str:
-    return hashlib.sha256((tok.chat_template or "").encode()).hexdigest()[:16]
+def provenance(cfg: RegenerateConfig, target: TargetConfig, engine: TargetEngine, seed: int) -> dict[str, str]:
+    """The manifest `info`: engine, model, sampling, chat template hash and source, thinking, extra_body keys."""
+    described = engine.describe()
+    sha, source = _template_provenance(cfg, target, described)
+    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens}
+    info = {k: v for k, v in described.items() if k != "chat_template_sha256"}
+    return info | {
+        "sampling": json.dumps(sampling | {"n": cfg.n, "seed": seed}, sort_keys=True),
+        "chat_template_sha256": sha,
+        "chat_template_source": source,
+        "thinking": "on" if cfg.thinking else "off",
+        # Keys only: values may carry tokens or other secrets.
+        "extra_body": ",".join(sorted(sampling_params(cfg, n=cfg.n, seed=seed).extra_body)),
+    }
+
+
+def _generate(
+    engine: TargetEngine, cfg: RegenerateConfig, uri: str, records: list[PromptRecord], seed: int
+) -> list[_Chunk]:
+    """Commit chunks until every prompt id is answered; the chunks in index order."""
+    chunks = _committed(uri)
+    done = {pid for c in chunks for pid in c.prompt_ids}
+    pending = [r for r in records if r.id not in done]
+    if chunks:
+        log.info("regenerate: resuming; %d of %d prompts already committed", len(records) - len(pending), len(records))
+    index = max((c.index for c in chunks), default=-1) + 1
+    for start in range(0, len(pending), cfg.shard_size):
+        chunks.append(_run_chunk(engine, cfg, uri, index, pending[start : start + cfg.shard_size], seed))
+        log.info(
+            "regenerate: chunk %d committed (%d/%d prompts)",
+            index,
+            len(done) + start + len(chunks[-1].prompt_ids),
+            len(records),
+        )
+        index += 1
+    return chunks
+
+
+def _key_config(cfg: RegenerateConfig) -> str:
+    """The config as the stage key sees it: which server, how many connections and how patient are
+    operational, so moving to another endpoint serving the same model resumes rather than restarts."""
+    data = cfg.model_dump(mode="json", exclude={"resources"})
+    if cfg.openai is not None:
+        data["openai"] = {"model": cfg.openai.model}
+    return json.dumps(data, sort_keys=True)
 
 
 def regenerate(
-    cfg: RegenerateConfig, target: TargetConfig, prompts: StageManifest, *, seed: int, out_uri: str
+    cfg: RegenerateConfig,
+    target: TargetConfig,
+    prompts: StageManifest,
+    *,
+    seed: int,
+    out_uri: str,
+    engine: TargetEngine | None = None,
 ) -> StageManifest:
-    """Write `conversations-NNNNN.jsonl` shards of regenerated training conversations."""
-    if cfg.engine != "hf":
-        raise NotImplementedError(
-            f"regenerate.engine: {cfg.engine!r} is not available yet (issue #3); use 'hf' on this build"
-        )
-    key = stage_key(STAGE, [sys.modules[__name__], hf], cfg=cfg, target=target, prompts=prompts, seed=seed)
+    """Write `conversations-NNNNN.jsonl` shards of regenerated training conversations.
+
+    Args:
+        engine: An already started engine to use (and leave open); by default one is made from `cfg`
+            and closed at the end.
+    """
+    code = [sys.modules[__name__], base, factory, factory.engine_module(cfg)]
+    key = stage_key(STAGE, code, cfg=_key_config(cfg), target=target, prompts=prompts, seed=seed)
 
     def compute(uri: str) -> StageResult:
         records = read_prompts(prompts, "train")
-        model, tok = hf.load_target(target)
-        files: list[FileEntry] = []
-        drops: Counter[str] = Counter()
-        kept = 0
-        for index, start in enumerate(range(0, len(records), cfg.shard_size)):
-            name = f"conversations-{index:05d}.jsonl"
-            url = storage.join(uri, name)
-            if storage.exists(url):
-                log.info("regenerate: %s already written, skipping", name)
-                rows = storage.read_jsonl(url)
-                # Only empty answers are dropped, so a finished shard's shortfall is exactly those.
-                drops["empty_answer"] += len(records[start : start + cfg.shard_size]) - len(rows)
-            else:
-                rows = regenerate_shard(cfg, model, tok, records[start : start + cfg.shard_size], seed + index)
-                rows, dropped = _validate(rows)
-                drops.update(dropped)
-                storage.write_jsonl(url, rows)
-            data = storage.read_bytes(url)
-            files.append(FileEntry(name=name, bytes=len(data), sha256=storage.sha256(data)))
-            kept += len(rows)
-            log.info("regenerate: shard %d done (%d/%d prompts)", index, start + len(rows), len(records))
-        counts = {"conversations": kept} | {f"dropped.{k}": v for k, v in drops.items() if v}
-        info = {
-            "engine": cfg.engine,
-            "model": target.name,
-            "chat_template_sha256": _template_hash(tok),
-            "sampling": f"temperature={cfg.temperature},top_p={cfg.top_p},max_new_tokens={cfg.max_new_tokens}",
-        }
-        files.append(file_entry(uri, "provenance.json", json.dumps(info, indent=2).encode()))
-        return StageResult(files=files, counts=counts, info=info)
+        eng = engine if engine is not None else factory.make_engine(cfg, target)
+        try:
+            info = provenance(cfg, target, eng, seed)  # before any work: an unknown template fails fast
+            chunks = _generate(eng, cfg, uri, records, seed)
+        finally:
+            if engine is None:
+                eng.close()
+        return _finish(cfg, uri, chunks, len(records), info)
 
     return run_stage(STAGE, out_uri, key, compute)
 
 
-def _validate(rows: list[dict]) -> tuple[list[dict], Counter[str]]:
-    """Drop conversations with an empty assistant turn; count drops by reason."""
-    kept, drops = [], Counter[str]()
-    for row in rows:
-        if any(m["role"] == "assistant" and not m["content"].strip() for m in row["messages"]):
-            drops["empty_answer"] += 1
-        else:
-            kept.append(row)
-    return kept, drops
+def _finish(cfg: RegenerateConfig, uri: str, chunks: list[_Chunk], num_prompts: int, info: dict) -> StageResult:
+    files: list[FileEntry] = []
+    kept = 0
+    for chunk in chunks:
+        data = storage.read_bytes(storage.join(uri, chunk.shard))
+        files.append(FileEntry(name=chunk.shard, bytes=len(data), sha256=storage.sha256(data)))
+        kept += data.count(b"\n")
+    rejects = Rejects(STAGE, rows=[row for c in chunks for row in c.rejected])
+    files.append(rejects.write(uri))
+    rejects.check(num_prompts * cfg.n, cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
+    dropped = {f"dropped.{r}": sum(row["reason"] == r for row in rejects.rows) for r in DROP_REASONS}
+    files.append(file_entry(uri, "provenance.json", json.dumps(info, indent=2).encode()))
+    return StageResult(files=files, counts={"prompts": num_prompts, "conversations": kept} | dropped, info=info)
 
 
 def read_conversations(manifest: StageManifest) -> list[dict]:

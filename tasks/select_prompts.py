@@ -1,24 +1,32 @@
-"""Stage 1: choose the prompts the target will answer, and hold some out for evaluation."""
+"""Stage 1: choose the prompts the target will answer, and hold some out for evaluation.
 
+Sources are read leniently (bad rows go to `rejected.jsonl`), then exact duplicates, prompts outside the
+token-length limits, near duplicates and prompts overlapping benchmark files are dropped, in that order;
+the category mix picks `num_prompts`, exactly `num_eval` of them are held out, and train is
+decontaminated against the held-out prompts. Every row read is accounted for: kept + dropped == read.
+"""
+
+import hashlib
+import logging
 import sys
 from collections import Counter
+from pathlib import Path
 
 from draftsmith import storage
 from draftsmith.caching import stage_task
-from draftsmith.config import SelectConfig
+from draftsmith.config import SelectConfig, TargetConfig
+from draftsmith.config.select import PromptSource
 from draftsmith.manifest import StageManifest, file_entry
+from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
-from tasks import prompt_pool, prompt_sources
+from tasks import prompt_filters, prompt_formats, prompt_pool, prompt_sources
 from tasks.prompt_pool import PromptRecord
 
+log = logging.getLogger(__name__)
 STAGE = "select_prompts"
-
-
-def _load(cfg: SelectConfig, seed: int) -> list[PromptRecord]:
-    if cfg.source == "synthetic":
-        return prompt_pool.synthetic_pool(cfg.num_prompts, seed=seed, mix=cfg.mix)
-    assert cfg.path is not None  # enforced by PipelineConfig
-    return prompt_sources.read_prompts_jsonl(cfg.path)
+REPORT_FILE = "report.md"
+ARTIFACT_KEY = "select-report"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
 
 
 def read_prompts(manifest: StageManifest, split: str) -> list[PromptRecord]:
@@ -26,33 +34,188 @@ def read_prompts(manifest: StageManifest, split: str) -> list[PromptRecord]:
     return [PromptRecord.model_validate(r) for r in storage.read_jsonl(manifest.path(f"{split}.jsonl"))]
 
 
-def select_prompts(cfg: SelectConfig, *, seed: int, out_uri: str) -> StageManifest:
-    """Draw, deduplicate and split prompts into `train.jsonl` and `eval.jsonl` under `out_uri`."""
-    key = stage_key(STAGE, [sys.modules[__name__], prompt_pool, prompt_sources], cfg=cfg, seed=seed)
+def _tokenizer_folder(target: TargetConfig) -> Path:
+    from draftsmith.target_setup import resolve_target
+
+    return resolve_target(target.source)
+
+
+def _tokenizer_fingerprint(folder: Path) -> str:
+    h = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        if (folder / name).is_file():
+            h.update(name.encode() + b"\0" + (folder / name).read_bytes())
+    return h.hexdigest()
+
+
+def _token_counter(folder: Path, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+
+    def count(texts: list[str]) -> list[int]:
+        lengths: list[int] = []
+        # Batches bound the tokenizer's memory on 150K prompts; the fast tokenizer parallelises each.
+        for start in range(0, len(texts), 4096):
+            ids = tok(texts[start : start + 4096], add_special_tokens=False)["input_ids"]
+            lengths.extend(len(x) for x in ids)
+        return lengths
+
+    return count
+
+
+def _benchmark_texts(paths: list[str]) -> tuple[list[str], int]:
+    """User texts of the recipe's benchmark files, and how many of their rows held none."""
+    texts: list[str] = []
+    unusable = 0
+    for path in paths:
+        rows = prompt_sources.parquet_rows(path) if path.endswith(".parquet") else prompt_sources.jsonl_rows(path)
+        for _, row in rows:
+            try:
+                texts.extend(prompt_formats.reference_texts(row))
+            except prompt_formats.RowError:
+                unusable += 1
+    return texts, unusable
+
+
+def select_prompts(cfg: SelectConfig, target: TargetConfig, *, seed: int, out_uri: str) -> StageManifest:
+    """Read, filter, mix and split prompts into `train.jsonl` and `eval.jsonl` under `out_uri`.
+
+    Also writes `rejected.jsonl` (unusable source rows with file, line and reason) and `report.md`.
+    Manifest counts: `train`, `eval`, `read`, `category.<c>` (kept), `dropped.<reason>`,
+    `rejected.<reason>` and `shortfall.<c>` (quota a category could not fill).
+
+    Raises:
+        RejectedShareError: More than `cfg.max_rejected_share` of the rows read were unusable.
+        ValueError: Too few prompts survive for `cfg.num_eval` plus training.
+    """
+    sources = cfg.resolved_sources()
+    folder = _tokenizer_folder(target)
+    fingerprints = _fingerprints(cfg)
+    modules = [sys.modules[__name__], prompt_pool, prompt_sources, prompt_formats, prompt_filters]
+    key = stage_key(STAGE, modules, cfg=cfg, seed=seed, sources=fingerprints, tokenizer=_tokenizer_fingerprint(folder))
 
     def compute(uri: str) -> StageResult:
-        records, duplicates = prompt_sources.dedupe(_load(cfg, seed))
-        records = records[: cfg.num_prompts]
-        if len(records) <= cfg.num_eval:
-            raise ValueError(
-                f"select: only {len(records)} distinct prompts, not enough for select.num_eval={cfg.num_eval}"
-            )
-        train, held_out = prompt_sources.split_heldout(records, eval_fraction=cfg.num_eval / len(records), seed=seed)
-        files = [
-            file_entry(uri, f"{name}.jsonl", _jsonl_bytes(rows))
-            for name, rows in (("train", train), ("eval", held_out))
-        ]
-        counts = {"train": len(train), "eval": len(held_out), "dropped_duplicate": duplicates}
-        counts |= {f"category.{c}": n for c, n in sorted(Counter(r.category for r in records).items())}
-        return StageResult(files=files, counts=counts)
+        rejects = Rejects(STAGE)
+        loaded = prompt_sources.load_sources(
+            sources, synthetic_rows=2 * cfg.num_prompts, mix=cfg.mix, seed=seed, rejects=rejects
+        )
+        files = [rejects.write(uri)]
+        rejects.check(loaded.read, cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
+        chosen, dropped = _filter(cfg, loaded.records, _token_counter(folder, target.trust_remote_code))
+        selection = prompt_filters.choose(
+            chosen, num_prompts=cfg.num_prompts, num_eval=cfg.num_eval, mix=cfg.mix, seed=seed, ngram=cfg.decontam_ngram
+        )
+        dropped["contaminated"] += selection.contaminated
+        dropped["over_mix_quota"] = selection.over_quota
+        counts = _counts(loaded, selection, dropped, rejects)
+        files += [file_entry(uri, f"{name}.jsonl", _jsonl_bytes(rows)) for name, rows in _splits(selection)]
+        files.append(file_entry(uri, REPORT_FILE, render_report(counts, selection, loaded.read_by_source).encode()))
+        log.info("select_prompts: %d train, %d eval of %d rows read", counts["train"], counts["eval"], counts["read"])
+        return StageResult(files=files, counts=counts, info={"tokenizer": str(folder)})
 
     return run_stage(STAGE, out_uri, key, compute)
+
+
+def _fingerprints(cfg: SelectConfig) -> list[str]:
+    """Content identity of every input file, with the recipe field named when one is missing."""
+    named = [(f"select.sources[{i}].path", s) for i, s in enumerate(cfg.resolved_sources())]
+    named += [(f"select.benchmark_files[{i}]", p) for i, p in enumerate(cfg.benchmark_files)]
+    out = []
+    for field, item in named:
+        try:
+            out.append(
+                prompt_sources.source_fingerprint(item)
+                if isinstance(item, PromptSource)
+                else prompt_sources.path_fingerprint(item)
+            )
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{field}: {exc}") from None
+    return out
+
+
+def _filter(cfg: SelectConfig, records: list[PromptRecord], count_tokens) -> tuple[list[PromptRecord], Counter]:
+    dropped: Counter[str] = Counter()
+    records, dropped["duplicate_exact"] = prompt_filters.exact_dedupe(records)
+    records, dropped["too_short"], dropped["too_long"] = prompt_filters.length_filter(
+        records, count_tokens, min_tokens=cfg.min_prompt_tokens, max_tokens=cfg.max_prompt_tokens
+    )
+    if cfg.near_dedupe:
+        records, dropped["duplicate_near"] = prompt_filters.near_dedupe(
+            records, threshold=cfg.near_dup_threshold, num_perm=cfg.minhash_num_perm, shingle_size=cfg.shingle_size
+        )
+    if cfg.benchmark_files:
+        texts, unusable = _benchmark_texts(cfg.benchmark_files)
+        if unusable:
+            log.warning("select_prompts: %d benchmark rows held no prompt text and were skipped", unusable)
+        index = prompt_filters.ngram_index(texts, cfg.decontam_ngram)
+        clean = [r for r in records if not prompt_filters.contaminated(r, index, cfg.decontam_ngram)]
+        dropped["contaminated"] = len(records) - len(clean)
+        records = clean
+    return records, dropped
+
+
+def _splits(selection: prompt_filters.Selection) -> list[tuple[str, list[PromptRecord]]]:
+    return [("train", selection.train), ("eval", selection.eval)]
+
+
+def _counts(
+    loaded: prompt_sources.LoadedPrompts,
+    selection: prompt_filters.Selection,
+    dropped: Counter,
+    rejects: Rejects,
+) -> dict[str, int]:
+    kept = selection.train + selection.eval
+    counts = {"read": loaded.read, "train": len(selection.train), "eval": len(selection.eval)}
+    counts |= {f"dropped.{reason}": n for reason, n in sorted(dropped.items())}
+    counts |= rejects.counts()
+    counts |= {f"category.{c}": n for c, n in sorted(Counter(r.category for r in kept).items())}
+    counts |= {f"shortfall.{c}": n for c, n in sorted(selection.shortfall.items())}
+    lost = sum(n for k, n in counts.items() if k.startswith(("dropped.", "rejected.")))
+    # Every row read is kept or dropped for a reason; a gap here is a bug in this stage, not bad input.
+    assert len(kept) + lost == loaded.read, f"select_prompts: {len(kept)} kept + {lost} dropped != {loaded.read}"
+    return counts
+
+
+def render_report(counts: dict[str, int], selection: prompt_filters.Selection, read_by_source: dict[str, int]) -> str:
+    """The stage's markdown report: rows per source, kept per category and split, drops per reason."""
+    train = Counter(r.category for r in selection.train)
+    held = Counter(r.category for r in selection.eval)
+    lines = ["# Prompt selection", "", "| source | rows read |", "|---|---:|"]
+    lines += [f"| `{src}` | {n} |" for src, n in read_by_source.items()]
+    lines += ["", "| category | train | eval | short of quota |", "|---|---:|---:|---:|"]
+    for c in sorted(set(train) | set(held) | set(selection.shortfall)):
+        lines.append(f"| {c} | {train[c]} | {held[c]} | {selection.shortfall.get(c, 0)} |")
+    lines += ["", "| dropped because | rows |", "|---|---:|"]
+    drops = {k: n for k, n in counts.items() if k.startswith(("dropped.", "rejected.")) and n}
+    lines += [f"| {k.removeprefix('dropped.')} | {n} |" for k, n in drops.items()]
+    kept = counts["train"] + counts["eval"]
+    lines += [
+        "",
+        f"**{counts['read']} rows read = {kept} kept ({counts['train']} train, {counts['eval']} eval) "
+        f"+ {sum(drops.values())} dropped.**",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def _jsonl_bytes(rows: list[PromptRecord]) -> bytes:
     return "".join(r.model_dump_json() + "\n" for r in rows).encode()
 
 
+def publish_report(manifest: StageManifest) -> None:
+    """Show `report.md` as the `select-report` Prefect artifact when inside a flow or task run."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return
+    markdown = storage.read_bytes(manifest.path(REPORT_FILE)).decode()
+    create_markdown_artifact(markdown=markdown, key=ARTIFACT_KEY, description="Prompt selection: kept and dropped")
+
+
 @stage_task("select-prompts", STAGE)
-def select_prompts_task(cfg: SelectConfig, seed: int, run_dir: str) -> StageManifest:
-    return select_prompts(cfg, seed=seed, out_uri=storage.join(run_dir, STAGE))
+def select_prompts_task(cfg: SelectConfig, target: TargetConfig, seed: int, run_dir: str) -> StageManifest:
+    manifest = select_prompts(cfg, target, seed=seed, out_uri=storage.join(run_dir, STAGE))
+    publish_report(manifest)
+    return manifest

@@ -40,7 +40,7 @@ def tiny_run(tiny_cfg, tmp_path_factory):
 
     run = str(tmp_path_factory.mktemp("tiny-run"))
     c = tiny_cfg
-    out = {"select_prompts": select_prompts(c.select, seed=c.seed, out_uri=f"{run}/select_prompts")}
+    out = {"select_prompts": select_prompts(c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts")}
     out["regenerate"] = regenerate(
         c.regenerate, c.target, out["select_prompts"], seed=c.seed, out_uri=f"{run}/regenerate"
     )

@@ -38,6 +38,10 @@ def _format(err: ValidationError, origin: str) -> str:
 def _check_files(cfg: PipelineConfig, origin: str) -> None:
     """Local files named by a recipe must exist now, not halfway through a run."""
     checks = [("select.path", cfg.select.path)]
+    for i, src in enumerate(cfg.select.sources or []):
+        if src.kind != "hf":  # a dataset name, not a path
+            checks.append((f"select.sources[{i}].path", src.path))
+    checks += [(f"select.benchmark_files[{i}]", f) for i, f in enumerate(cfg.select.benchmark_files)]
     if not cfg.target.source.startswith("embedded:") and cfg.regenerate.engine == "hf":
         checks.append(("target.source", cfg.target.source))
     for field, value in checks:
