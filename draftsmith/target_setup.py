@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -343,19 +344,27 @@ def ensure_tiny_target(
     return _ensure(folder, source, build)
 
 
-def resolve_target(source: str, cache_dir: Path | None = None) -> Path:
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# Enough to build the tokenizer and chat template of any Hub model, without its weights.
+TOKENIZER_PATTERNS = ("*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py")
+
+
+def resolve_target(source: str, cache_dir: Path | None = None, *, tokenizer_only: bool = False) -> Path:
     """Turn a recipe's `target.source` into a local model folder, setting up embedded targets on demand.
 
     Args:
-        source: One of `EMBEDDED_TARGETS`, or the path of a local Hugging Face model folder.
+        source: One of `EMBEDDED_TARGETS`, the path of a local Hugging Face model folder, or a Hub id
+            (`org/name`), which is downloaded into the Hugging Face cache when a hub or mirror is reachable
+            (`HF_ENDPOINT`); GPU images usually mount the folder instead.
         cache_dir: Cache root for embedded targets; defaults to `cache_root()`.
+        tokenizer_only: For a Hub id, fetch only tokenizer and template files (CPU stages need no weights).
 
     Returns:
         The model folder.
 
     Raises:
         ValueError: An `embedded:` name that is not in `EMBEDDED_TARGETS`.
-        FileNotFoundError: Not a local folder with `config.json` (Hub ids are not fetched on this path).
+        FileNotFoundError: Neither a local folder with `config.json` nor a Hub id that could be fetched.
     """
     if source == EMBEDDED_PREFIX + SMOLLM2_NAME:
         return ensure_smollm2(cache_dir)
@@ -365,9 +374,24 @@ def resolve_target(source: str, cache_dir: Path | None = None) -> Path:
     if source.startswith(EMBEDDED_PREFIX):
         raise ValueError(f"target.source: unknown embedded target {source!r}; known: {known}")
     folder = Path(source).expanduser()
-    if not (folder / "config.json").is_file():
+    if (folder / "config.json").is_file():
+        return folder.resolve()
+    if not folder.exists() and _HUB_ID.match(source):
+        return _hub_snapshot(source, tokenizer_only)
+    raise FileNotFoundError(
+        f"target.source: {source!r} is not a local model folder with config.json, nor a Hub id; "
+        f"use a local folder, a Hub id or one of: {known}"
+    )
+
+
+def _hub_snapshot(repo_id: str, tokenizer_only: bool) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = list(TOKENIZER_PATTERNS) if tokenizer_only else None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as err:  # offline mode, no network, gated repo: all end the same way for the user
         raise FileNotFoundError(
-            f"target.source: {source!r} is not a local model folder with config.json (Hugging Face Hub ids "
-            f"are not supported on this offline path; use a local folder or one of: {known})"
-        )
-    return folder.resolve()
+            f"target.source: Hub id {repo_id!r} could not be fetched ({type(err).__name__}: {err}); "
+            "mount the model folder and point target.source at it, or make a hub mirror reachable"
+        ) from err

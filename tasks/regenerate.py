@@ -183,7 +183,7 @@ def _template_provenance(cfg: RegenerateConfig, target: TargetConfig, described:
     if reported:
         return reported, "engine"
     try:
-        folder = resolve_target(target.source)
+        folder = resolve_target(target.source, tokenizer_only=True)
     except (ValueError, FileNotFoundError) as err:
         raise ValueError(
             f"regenerate.chat_template_sha256: the {described.get('engine')} engine cannot report its chat "

@@ -37,7 +37,7 @@ def read_prompts(manifest: StageManifest, split: str) -> list[PromptRecord]:
 def _tokenizer_folder(target: TargetConfig) -> Path:
     from draftsmith.target_setup import resolve_target
 
-    return resolve_target(target.source)
+    return resolve_target(target.source, tokenizer_only=True)
 
 
 def _tokenizer_fingerprint(folder: Path) -> str:

@@ -52,6 +52,13 @@ class PipelineConfig(StrictModel):
                 f"select.num_eval: {self.select.num_eval} held-out prompts leave none of "
                 f"select.num_prompts ({self.select.num_prompts}) for training"
             )
+        tok_thinking = self.tokenize.thinking == "on"
+        if tok_thinking != self.regenerate.thinking and not self.tokenize.allow_provenance_mismatch:
+            raise ValueError(
+                f"tokenize.thinking: {self.tokenize.thinking!r} disagrees with regenerate.thinking "
+                f"({self.regenerate.thinking}); training on another mode than the corpus was generated in "
+                "costs acceptance. Align them or set tokenize.allow_provenance_mismatch: true"
+            )
         if self.drafter.draft_vocab_size > self.target.vocab_size:
             raise ValueError(
                 f"drafter.draft_vocab_size: {self.drafter.draft_vocab_size} exceeds target.vocab_size "

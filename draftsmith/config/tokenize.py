@@ -57,3 +57,11 @@ class TokenizeConfig(StrictModel):
         if len(set(value)) != len(value):
             raise ValueError("tokenize.extra_sources: lists a file twice")
         return value
+
+    @field_validator("thinking", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `on`/`off` as a boolean; accept it, and `regenerate.thinking`'s true/false.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value

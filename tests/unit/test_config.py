@@ -8,6 +8,7 @@ import yaml
 
 from draftsmith.config import PipelineConfig, RecipeError, load_recipe
 from draftsmith.plan import render_plan
+from tests.conftest import RECIPES as RECIPE_DIR
 
 pytestmark = pytest.mark.unit
 RECIPES = ["smollm2-cpu-eagle3", "tiny-cpu", "kimi-k3-eagle3"]
@@ -154,3 +155,19 @@ def test_only_transient_errors_are_retried(exc, transient):
         raise RuntimeError("stage failed") from exc
     except RuntimeError as wrapped:
         assert is_transient(wrapped) is transient
+
+
+@pytest.mark.unit
+def test_thinking_modes_of_regenerate_and_tokenize_must_agree(tmp_path):
+    recipe = (RECIPE_DIR / "tiny-cpu.yaml").read_text() + "\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(recipe.replace("regenerate:\n", "regenerate:\n  thinking: true\n"))
+    with pytest.raises(RecipeError, match=r"tokenize.thinking: 'off' disagrees with regenerate.thinking \(True\)"):
+        load_recipe(bad)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(
+        recipe.replace("regenerate:\n", "regenerate:\n  thinking: true\n").replace(
+            "tokenize:\n", "tokenize:\n  thinking: on\n"
+        )
+    )
+    assert load_recipe(ok).tokenize.thinking == "on"

@@ -192,17 +192,23 @@ def test_resolve_target_unknown_embedded_name_lists_known_ones() -> None:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind", ["missing", "no-config", "hub-id"])
+@pytest.mark.parametrize("kind", ["missing", "no-config"])
 def test_resolve_target_rejects_what_is_not_a_local_model_folder(tmp_path: Path, kind: str) -> None:
-    source = {
-        "missing": str(tmp_path / "nowhere"),
-        "no-config": str(tmp_path),
-        "hub-id": "HuggingFaceTB/SmolLM2-135M-Instruct",
-    }[kind]
+    source = {"missing": str(tmp_path / "nowhere"), "no-config": str(tmp_path)}[kind]
     with pytest.raises(FileNotFoundError) as err:
         ts.resolve_target(source)
     message = str(err.value)
-    assert repr(source) in message and "config.json" in message and "Hub ids are not supported" in message
+    assert repr(source) in message and "config.json" in message and "Hub id" in message
+
+
+@pytest.mark.unit
+def test_resolve_target_hub_id_without_hub_names_the_id_and_the_way_out(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError) as err:
+        ts.resolve_target("example-org/not-cached-model", tokenizer_only=True)
+    message = str(err.value)
+    assert "'example-org/not-cached-model' could not be fetched" in message and "mount the model folder" in message
 
 
 @pytest.mark.unit
