@@ -1,90 +1,43 @@
 """Stage 3: render conversations with the target's chat template and mark assistant tokens for loss.
 
-The loss mask comes from render boundaries, which works for any template: the prefix rendered with
-`add_generation_prompt=True` ends where assistant turn i begins, the conversation rendered through
-turn i ends where it stops, and the tokens whose first character lies between are loss tokens.
-Workers return numpy arrays as bytes; the pool starts before the corpus is read.
+Rendering and the render-boundary mask live in `tasks.renderers`; row validation in `tasks.token_rows`;
+the per-shard cache in `tasks.token_cache`. Here: encoding with the length policy, the worker pool and the
+stage. The pool starts before the corpus is read; each job is a chunk of raw JSONL lines that a worker
+parses, renders (batched), tokenizes (batched) and returns as numpy bytes, so the parent only packs.
 """
 
+from __future__ import annotations
+
 import json
+import logging
 import multiprocessing as mp
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing.pool import Pool
+from typing import Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from draftsmith import storage, tensorio
 from draftsmith.caching import stage_task
 from draftsmith.config import TargetConfig, TokenizeConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
 from draftsmith.target_setup import resolve_target
+from tasks import renderers, token_cache, token_encode, token_rows
+from tasks.renderers import assistant_spans, get_renderer
+from tasks.token_encode import Encoded, Options, _init_worker, _process_job, encode
 
+__all__ = ["Encoded", "Options", "assistant_spans", "encode", "pack_shard", "read_token_shard", "tokenize"]
+
+log = logging.getLogger(__name__)
 STAGE = "tokenize"
 
 
-@dataclass(frozen=True)
-class Encoded:
-    """One tokenized conversation: `input_ids` int32 `[S]`, `loss_mask` uint8 `[S]`."""
-
-    input_ids: np.ndarray
-    loss_mask: np.ndarray
-    truncated: bool
-
-
-def assistant_spans(
-    tok: PreTrainedTokenizerBase, messages: Sequence[dict], *, last_turn_only: bool
-) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character spans of its assistant turns."""
-    full = tok.apply_chat_template(list(messages), tokenize=False)
-    spans = []
-    for i, msg in enumerate(messages):
-        if msg["role"] != "assistant":
-            continue
-        prefix = tok.apply_chat_template(list(messages[:i]), add_generation_prompt=True, tokenize=False)
-        through = tok.apply_chat_template(list(messages[: i + 1]), tokenize=False)
-        if not (through.startswith(prefix) and full.startswith(through)):
-            raise ValueError(
-                f"chat template is not prefix-stable at message {i}: render boundaries cannot place the "
-                "loss mask; use a renderer for this template"
-            )
-        spans.append((len(prefix), len(through)))
-    if last_turn_only:
-        spans = spans[-1:]
-    return full, spans
-
-
-def encode(tok: PreTrainedTokenizerBase, messages: Sequence[dict], *, max_length: int, last_turn_only: bool) -> Encoded:
-    """Tokenize a conversation and build its assistant-only loss mask, truncated to `max_length`."""
-    text, spans = assistant_spans(tok, messages, last_turn_only=last_turn_only)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int32)
-    starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
-    mask = np.zeros(len(ids), dtype=np.uint8)
-    for lo, hi in spans:
-        mask[(starts >= lo) & (starts < hi)] = 1
-    truncated = len(ids) > max_length
-    return Encoded(ids[:max_length], mask[:max_length], truncated)
-
-
-_WORKER_TOK = None
-
-
-def _init_worker(path: str) -> None:
-    global _WORKER_TOK
-    from transformers import AutoTokenizer
-
-    _WORKER_TOK = AutoTokenizer.from_pretrained(path)
-
-
-def _encode_job(job: tuple[list[dict], int, bool]) -> tuple[bytes, bytes, bool]:
-    messages, max_length, last_only = job
-    e = encode(_WORKER_TOK, messages, max_length=max_length, last_turn_only=last_only)
-    return e.input_ids.tobytes(), e.loss_mask.tobytes(), e.truncated
+# ---- shards -----------------------------------------------------------------------------------------
 
 
 def pack_shard(rows: list[tuple[dict, Encoded]]) -> bytes:
@@ -120,47 +73,197 @@ def read_token_shard(data: bytes) -> list[dict]:
     ]
 
 
+def _summarise(results: list[tuple]) -> tuple[bytes, dict[str, Any]]:
+    """Pack the kept samples of one shard; count samples, tokens, truncations, drops and rejects."""
+    kept: list[tuple[dict, Encoded]] = []
+    counts = {"samples": 0, "tokens": 0, "loss_tokens": 0, "truncated": 0}
+    rejects = []
+    for res in results:
+        if res[0] == "ok":
+            _, rid, cat, ids, mask, truncated = res
+            enc = Encoded(np.frombuffer(ids, np.int32), np.frombuffer(mask, np.uint8), truncated)
+            kept.append(({"id": rid, "category": cat}, enc))
+            counts["truncated"] += int(truncated)
+            counts["tokens"] += len(enc.input_ids)
+            counts["loss_tokens"] += int(enc.loss_mask.sum())
+        elif res[0] == "drop":
+            counts[f"dropped.{res[1]}"] = counts.get(f"dropped.{res[1]}", 0) + 1
+        else:
+            _, line, rid, reason, detail, excerpt = res
+            rejects.append({"line": line, "id": rid, "reason": reason, "detail": detail, "excerpt": excerpt})
+    counts["samples"] = len(kept)
+    return pack_shard(kept), {"rows": len(results), "counts": counts, "rejects": rejects}
+
+
+# ---- the stage --------------------------------------------------------------------------------------
+
+
+def check_provenance(cfg: TokenizeConfig, corpus: dict[str, str], template_sha256: str) -> str:
+    """Refuse a corpus rendered under another template or thinking mode; returns the check's outcome.
+
+    Older corpora may lack the fields (unknown: a warning) or record a 16-hex prefix of the hash.
+    """
+    problems = []
+    recorded = corpus.get("chat_template_sha256") or ""
+    if not recorded:
+        log.warning("tokenize: the corpus records no chat_template_sha256; the template match is unchecked")
+    elif not template_sha256.startswith(recorded.lower()):
+        problems.append(
+            f"chat template sha256 {recorded} (corpus) != {template_sha256} (tokenize.renderer={cfg.renderer!r})"
+        )
+    thinking = corpus.get("thinking")
+    if thinking is None:
+        log.warning("tokenize: the corpus records no thinking mode; tokenize.thinking=%s is unchecked", cfg.thinking)
+    elif thinking != cfg.thinking:
+        problems.append(f"thinking {thinking!r} (corpus) != {cfg.thinking!r} (tokenize.thinking)")
+    if not problems:
+        return "checked" if recorded and thinking is not None else "unknown"
+    message = "tokenize: the corpus does not match this stage: " + "; ".join(problems)
+    if not cfg.allow_provenance_mismatch:
+        raise ValueError(message + "; set tokenize.allow_provenance_mismatch: true to tokenize it anyway")
+    log.warning("%s (allowed by tokenize.allow_provenance_mismatch)", message)
+    return "mismatch_allowed"
+
+
+def _sources(cfg: TokenizeConfig, conversations: StageManifest) -> list[tuple[str, str]]:
+    """`(label, url)` of every input file: the regenerated shards in manifest order, then extra sources."""
+    names = [n for n in conversations.names("conversations") if n.endswith(".jsonl")]
+    out = [(n, conversations.path(n)) for n in names]
+    for i, url in enumerate(cfg.extra_sources):
+        if not storage.exists(url):
+            raise ValueError(f"tokenize.extra_sources[{i}]: {url}: file not found")
+        out.append((url, url))
+    return out
+
+
+def _source_fingerprint(url: str) -> str:
+    fs, path = storage.filesystem(url)
+    return fs.ukey(path) if fs.exists(path) else "missing"
+
+
+def _cache_uri(cfg: TokenizeConfig, out_uri: str) -> str | None:
+    if cfg.cache_uri is not None:
+        return cfg.cache_uri or None
+    return storage.join(out_uri.rstrip("/").rsplit("/", 1)[0], ".cache", STAGE)
+
+
+_CODE = [sys.modules[__name__], renderers, token_rows, token_cache, token_encode]
+
+
+@dataclass
+class _Plan:
+    """What every shard job needs from the parent: the cache and how entries are keyed."""
+
+    cache: token_cache.TokenCache
+    key_parts: dict[str, Any]
+    chunk_size: int
+
+    def key(self, data: bytes) -> str:
+        return token_cache.entry_key(data_sha256=storage.sha256(data), **self.key_parts)
+
+
+def _jobs(plan: _Plan, sources: list[tuple[str, str]], hits: dict[int, tuple], keys: dict[int, str]) -> Iterator:
+    """Chunks of raw lines of every shard, read lazily; a cached shard is one empty job (the entry goes to `hits`)."""
+    for s, (label, url) in enumerate(sources):
+        data = storage.read_bytes(url)
+        keys[s] = plan.key(data)
+        entry = plan.cache.get(keys[s])
+        if entry is not None:
+            hits[s] = entry
+            yield s, 0, 1, label, None
+            continue
+        lines = [(n, raw) for n, raw in enumerate(data.split(b"\n"), 1) if raw.strip()]
+        n_chunks = max(1, -(-len(lines) // plan.chunk_size))
+        for c in range(n_chunks):
+            yield s, c, n_chunks, label, lines[c * plan.chunk_size : (c + 1) * plan.chunk_size]
+
+
+def _run_jobs(
+    plan: _Plan, sources: list[tuple[str, str]], pool: Any, uri: str
+) -> tuple[list[FileEntry], dict, Rejects]:
+    hits: dict[int, tuple] = {}
+    keys: dict[int, str] = {}
+    jobs = _jobs(plan, sources, hits, keys)
+    results = pool.imap(_process_job, jobs) if pool is not None else map(_process_job, jobs)
+    files: list[FileEntry] = []
+    totals: dict[str, int] = {"rows": 0, "samples": 0, "tokens": 0, "loss_tokens": 0, "truncated": 0}
+    rejects = Rejects(STAGE)
+    pending: list[tuple] = []
+    for s, chunk, n_chunks, out in results:
+        pending.extend(out or [])
+        if chunk + 1 < n_chunks:
+            continue
+        cached = s in hits
+        if cached:
+            data, summary = hits.pop(s)
+        else:
+            data, summary = _summarise(pending)
+            plan.cache.put(keys[s], data, summary)
+        pending = []
+        files.append(file_entry(uri, f"tokens-{s:05d}.safetensors", data))
+        totals["rows"] += summary["rows"]
+        for k, v in summary["counts"].items():
+            totals[k] = totals.get(k, 0) + v
+        for r in summary["rejects"]:
+            rejects.add(
+                source=sources[s][0],
+                reason=r["reason"],
+                detail=r["detail"],
+                line=r["line"],
+                row_id=r["id"],
+                raw=r["excerpt"],
+            )
+        log.info("tokenize: %s: %d rows (%s)", sources[s][0], summary["rows"], "cached" if cached else "tokenized")
+    return files, totals, rejects
+
+
 def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, *, out_uri: str) -> StageManifest:
-    """Write one `tokens-NNNNN.safetensors` per conversation shard."""
-    key = stage_key(STAGE, [sys.modules[__name__]], cfg=cfg, target=target, conversations=conversations)
+    """Write one `tokens-NNNNN.safetensors` per input file and `rejected.jsonl`; counts by reason."""
     tok_path = str(resolve_target(target.source))
+    tok_sha = token_cache.tokenizer_sha256(tok_path)
+    extra = [_source_fingerprint(u) for u in cfg.extra_sources]
+    key = stage_key(STAGE, _CODE, cfg=cfg, target=target, conversations=conversations, tokenizer=tok_sha, extra=extra)
 
     def compute(uri: str) -> StageResult:
+        opts = Options.of(cfg, target.vocab_size)
+        renderer = get_renderer(cfg.renderer, AutoTokenizer.from_pretrained(tok_path), thinking=opts.thinking)
+        template = renderer.template_sha256()
+        provenance = check_provenance(cfg, conversations.info, template)
+        sources = _sources(cfg, conversations)
+        plan = _Plan(
+            token_cache.TokenCache(_cache_uri(cfg, out_uri)),
+            {
+                "tokenizer": tok_sha,
+                "template": template,
+                "options": vars(opts) | {"renderer": cfg.renderer},
+                "code": token_cache.code_sha256(_CODE),
+            },
+            cfg.chunk_size,
+        )
         # The pool starts before the corpus is read, so workers never inherit (and dirty) its pages.
-        ctx = mp.get_context("spawn")
-        pool = ctx.Pool(cfg.num_workers, _init_worker, (tok_path,)) if cfg.num_workers else None
-        if pool is None:
-            _init_worker(tok_path)
+        pool = None
+        if cfg.num_workers:
+            pool = mp.get_context("spawn").Pool(cfg.num_workers, _init_worker, (tok_path, cfg.renderer, opts))
+        else:
+            _init_worker(tok_path, cfg.renderer, opts)
         try:
-            return _tokenize_shards(cfg, conversations, uri, pool)
+            files, counts, rejects = _run_jobs(plan, sources, pool, uri)
         finally:
             if pool is not None:
                 pool.close()
                 pool.join()
+        files.append(rejects.write(uri))
+        rejects.check(counts["rows"], cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
+        info = {
+            "renderer": cfg.renderer,
+            "chat_template_sha256": template,
+            "tokenizer_sha256": tok_sha,
+            "thinking": cfg.thinking,
+            "provenance": provenance,
+        }
+        return StageResult(files=files, counts=counts | rejects.counts(), info=info)
 
     return run_stage(STAGE, out_uri, key, compute)
-
-
-def _tokenize_shards(cfg: TokenizeConfig, conversations: StageManifest, uri: str, pool: Pool | None) -> StageResult:
-    files: list[FileEntry] = []
-    counts = {"samples": 0, "tokens": 0, "loss_tokens": 0, "truncated": 0, "dropped.min_loss_tokens": 0}
-    for index, name in enumerate(conversations.names("conversations-")):
-        rows = storage.read_jsonl(conversations.path(name))
-        jobs = [(r["messages"], cfg.max_length, cfg.last_turn_only) for r in rows]
-        results = pool.imap(_encode_job, jobs, chunksize=16) if pool else map(_encode_job, jobs)
-        kept = []
-        for row, (ids, mask, truncated) in zip(rows, results, strict=True):
-            enc = Encoded(np.frombuffer(ids, np.int32), np.frombuffer(mask, np.uint8), truncated)
-            if int(enc.loss_mask.sum()) < cfg.min_loss_tokens:
-                counts["dropped.min_loss_tokens"] += 1
-                continue
-            kept.append((row, enc))
-            counts["truncated"] += int(truncated)
-            counts["tokens"] += len(enc.input_ids)
-            counts["loss_tokens"] += int(enc.loss_mask.sum())
-        counts["samples"] += len(kept)
-        files.append(file_entry(uri, f"tokens-{index:05d}.safetensors", pack_shard(kept)))
-    return StageResult(files=files, counts=counts)
 
 
 @stage_task("tokenize", STAGE)

@@ -76,7 +76,8 @@ class SelectConfig(StrictModel):
     def _check(self) -> "SelectConfig":
         if self.source == "jsonl" and not self.path:
             raise ValueError("select.path: required when select.source is 'jsonl'")
-        if self.sources is not None and ({"source", "path"} & self.model_fields_set):
+        # Judged by value, not by which keys were written, so a dumped recipe validates again.
+        if self.sources is not None and (self.path is not None or self.source != "synthetic"):
             raise ValueError("select.sources: give either `sources` or `source`/`path`, not both")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < self.min_prompt_tokens:
             raise ValueError(

@@ -8,79 +8,11 @@ import torch
 from drafters.data import load_hidden_shards
 from drafters.eagle3.export import load_drafter
 from draftsmith import storage, tensorio
-from draftsmith.stage import valid_manifest
 from engines import hf
-from tasks.regenerate import read_conversations, regenerate
-from tasks.select_prompts import read_prompts
+from tasks.regenerate import read_conversations
 from tasks.tokenization import read_token_shard
 
 pytestmark = pytest.mark.integration
-
-
-def test_select_splits_without_overlap(tiny_cfg, tiny_run):
-    m = tiny_run["select_prompts"]
-    train, held = read_prompts(m, "train"), read_prompts(m, "eval")
-    assert len(train) + len(held) == tiny_cfg.select.num_prompts
-    assert not {r.id for r in train} & {r.id for r in held}
-    assert sum(v for k, v in m.counts.items() if k.startswith("category.")) == tiny_cfg.select.num_prompts
-    assert len(held) == m.counts["eval"] and len(held) >= 1
-
-
-def test_regenerate_answers_every_turn_in_order(tiny_run):
-    m = tiny_run["regenerate"]
-    prompts = {r.id: r for r in read_prompts(tiny_run["select_prompts"], "train")}
-    rows = read_conversations(m)
-    assert len(rows) + m.counts.get("dropped.empty_answer", 0) == len(prompts)
-    for row in rows:
-        turns = prompts[row["id"]].turns
-        users = [x["content"] for x in row["messages"] if x["role"] == "user"]
-        answers = [x for x in row["messages"] if x["role"] == "assistant"]
-        assert users == turns and len(answers) == len(turns) == len(row["finish"])
-        roles = [x["role"] for x in row["messages"] if x["role"] != "system"]
-        assert roles == ["user", "assistant"] * len(turns)
-    assert {"engine", "model", "chat_template_sha256", "sampling"} <= set(m.info)
-
-
-def test_regenerate_turn_two_is_conditioned_on_turn_one(tiny_cfg, tiny_target):
-    from tasks.prompt_pool import PromptRecord
-    from tasks.regenerate import regenerate_shard
-
-    model, tok = tiny_target
-    rec = PromptRecord(id="x", category="dialogue", turns=["Tell me about owls.", "Shorter please."])
-    [row] = regenerate_shard(tiny_cfg.regenerate, model, tok, [rec], seed=0)
-    first = row["messages"][1]["content"]
-    direct = hf.chat_generate(
-        model,
-        tok,
-        [
-            [
-                {"role": "user", "content": "Tell me about owls."},
-                {"role": "assistant", "content": first},
-                {"role": "user", "content": "Shorter please."},
-            ]
-        ],
-        max_new_tokens=tiny_cfg.regenerate.max_new_tokens,
-        temperature=0.0,
-        top_p=1.0,
-    )
-    assert row["messages"][3]["content"] == direct[0].text
-
-
-def test_regenerate_resumes_finished_shards(tiny_cfg, tiny_run, tmp_path):
-    src = tiny_run["regenerate"]
-    out = str(tmp_path / "regenerate")
-    storage.makedirs(out)
-    # A killed run left the key and its first finished shard, but no manifest.
-    storage.write_bytes(f"{out}/.stage-key", storage.read_bytes(f"{src.uri}/.stage-key"))
-    first = src.names("conversations-")[0]
-    storage.write_bytes(f"{out}/{first}", b'{"id": "sentinel", "category": "c", "messages": [], "finish": []}\n')
-    m = regenerate(tiny_cfg.regenerate, tiny_cfg.target, tiny_run["select_prompts"], seed=tiny_cfg.seed, out_uri=out)
-    rows = read_conversations(m)
-    assert rows[0]["id"] == "sentinel"  # the finished shard was kept, not redone
-    assert [r["id"] for r in rows[1:]] == [r["id"] for r in read_conversations(src)][
-        len(storage.read_jsonl(src.path(first))) :
-    ]
-    assert valid_manifest(out, m.key) is not None
 
 
 def test_tokenize_masks_exactly_the_assistant_turns(tiny_cfg, tiny_run, tiny_target):

@@ -1,5 +1,7 @@
 """Assistant-only loss masks by render boundary, on multi-turn ChatML conversations (SmolLM2's template)."""
 
+import json
+
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -72,3 +74,76 @@ def test_template_that_rewrites_history_is_refused(tok):
 
     with pytest.raises(ValueError, match="not prefix-stable"):
         assistant_spans(Rewriting(), CONVERSATION, last_turn_only=False)
+
+
+def test_truncation_policies(tok):
+    full = encode(tok, CONVERSATION, max_length=4096, last_turn_only=False)
+    limit = len(full.input_ids) - 5
+    assert encode(tok, CONVERSATION, max_length=limit, last_turn_only=False, truncation="drop") is None
+    kept = encode(tok, CONVERSATION, max_length=limit, last_turn_only=False, truncation="keep_last_turns")
+    # The first exchange is gone, the system prompt and the whole last turn stay.
+    assert kept.truncated and len(kept.input_ids) <= limit
+    text = tok.decode(kept.input_ids)
+    assert "You are terse." in text and "What is 2 + 2?" not in text and text.endswith("= 8.<|im_end|>\n")
+    assert _masked_runs(tok, kept) == ["Eight, since 4 x 2 = 8.<|im_end|>\n"]
+    # When even the last turn alone does not fit, the sample is dropped rather than cut mid-turn.
+    assert encode(tok, CONVERSATION, max_length=10, last_turn_only=False, truncation="keep_last_turns") is None
+
+
+def _worker(tmp_tok_path, **opts):
+    from tasks.token_encode import Options, _init_worker, _process_lines
+
+    _init_worker(tmp_tok_path, "chat_template", Options(**({"max_length": 4096} | opts)))
+    return _process_lines
+
+
+def _line(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def test_min_loss_tokens_and_thinking_in_the_worker_path():
+    process = _worker(str(ensure_smollm2()), min_loss_tokens=5, thinking=False)
+    short = {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
+    long = {"id": "b", "messages": CONVERSATION}
+    out = process("s", [(1, _line(short)), (2, _line(long))])
+    assert out[0] == ("drop", "min_loss_tokens") and out[1][0] == "ok" and out[1][1] == "b"
+    # ChatML ignores reasoning either way; with thinking off it is stripped before the template sees it.
+    reasoning = {"id": "c", "messages": [*CONVERSATION[:-1], {**CONVERSATION[-1], "reasoning_content": "x"}]}
+    assert process("s", [(1, _line(reasoning))])[0][3] == out[1][3]
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason", "detail"),
+    [
+        (b"\xff\xfe{}", "invalid_utf8", "not UTF-8"),
+        (b'{"id": "x", "messages": [', "malformed_json", "invalid JSON"),
+        (b"[1, 2]", "malformed_json", "JSON object"),
+        (b'{"id": "x"}', "missing_messages", "neither"),
+        (b'{"id": "x", "messages": [{"content": "hi"}]}', "missing_role", "messages[0]: has no role"),
+        (b'{"id": "x", "messages": [{"role": "bot", "content": "hi"}]}', "unknown_role", "messages[0].role"),
+        (b'{"id": "x", "messages": [{"role": "user", "content": 3}]}', "non_string_content", "messages[0].content"),
+        (
+            b'{"id": "x", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": " "}]}',
+            "empty_assistant_turn",
+            "messages[1]",
+        ),
+        (b'{"id": "x", "messages": [{"role": "user", "content": "a"}]}', "no_final_assistant_turn", "'user' turn"),
+        (b'{"id": "x", "input_ids": [1, 2], "loss_mask": [1]}', "bad_pretokenized", "equal non-zero length"),
+        (b'{"id": "x", "input_ids": [1, 99999], "loss_mask": [0, 1]}', "bad_pretokenized", "99999 outside"),
+        (b'{"id": "x", "input_ids": [1, 2], "loss_mask": [0, 2]}', "bad_pretokenized", "0 or 1"),
+    ],
+)
+def test_bad_rows_are_rejected_with_a_reason(raw, reason, detail):
+    from tasks.token_rows import Rejected, parse_line
+
+    got = parse_line(raw, fallback_id="f:1", thinking=False, vocab_size=49152)
+    assert isinstance(got, Rejected) and got.reason == reason and detail in got.detail
+
+
+def test_pretokenized_rows_pass_through_unchanged():
+    process = _worker(str(ensure_smollm2()), max_length=3)
+    ok = process("s", [(1, _line({"id": "p", "category": "c", "input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}))])[0]
+    assert ok[:3] == ("ok", "p", "c")
+    assert np.frombuffer(ok[3], np.int32).tolist() == [5, 6, 7] and np.frombuffer(ok[4], np.uint8).tolist() == [0, 1, 1]
+    cut = process("s", [(1, _line({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 1, 1]}))])[0]
+    assert cut[1] == "s:1" and np.frombuffer(cut[3], np.int32).tolist() == [5, 6, 7] and cut[5] is True
