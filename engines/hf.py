@@ -96,7 +96,9 @@ def _generate_batch(
         stop = next((i for i, t in enumerate(row) if t in eos), None)
         body = row if stop is None else row[:stop]
         text = tok.decode(body, skip_special_tokens=True).strip()
-        flat.append(Completion(text=text, num_tokens=len(body), finish_reason="length" if stop is None else "stop"))
+        # Counted like vLLM and OpenAI usage: the end-of-turn token is a generated token too.
+        generated = len(row) if stop is None else stop + 1
+        flat.append(Completion(text=text, num_tokens=generated, finish_reason="length" if stop is None else "stop"))
     # generate() returns the draws of prompt i at rows i*draws .. i*draws+draws-1.
     return [flat[i * draws : (i + 1) * draws] * (n // draws) for i in range(len(texts))]
 

@@ -27,6 +27,14 @@ async def _task_states(flow_run_id) -> dict[str, str]:
     return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
 
 
+async def _artifact(key: str):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return found[0] if found else None
+
+
 @pytest.mark.timeout(900)
 def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     run_dir = str(tmp_path / "run")
@@ -37,6 +45,10 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     results = storage.read_json(manifests["evaluate"].path("results.json"))
     assert {"drafter", "acc_len", "tokens_per_s"} <= set(results)
     assert "overall" in results["acc_len"]
+    # The selection report (kept per category, dropped per reason) is published in the Prefect UI.
+    report = asyncio.run(_artifact("select-report"))
+    assert report is not None and report.type == "markdown"
+    assert f"({manifests['select_prompts'].counts['train']} train, " in report.data, report.data
 
     second = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
     assert second.is_completed()
