@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 from draftsmith import storage, tensorio
 from draftsmith.caching import stage_task
@@ -28,7 +27,7 @@ from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
 from draftsmith.target_setup import resolve_target
 from tasks import renderers, token_cache, token_encode, token_rows
-from tasks.renderers import assistant_spans, get_renderer
+from tasks.renderers import assistant_spans
 from tasks.token_encode import Encoded, Options, _init_worker, _process_job, encode
 
 __all__ = ["Encoded", "Options", "assistant_spans", "encode", "pack_shard", "read_token_shard", "tokenize"]
@@ -42,20 +41,21 @@ STAGE = "tokenize"
 
 def pack_shard(rows: list[tuple[dict, Encoded]]) -> bytes:
     """Concatenate samples into one safetensors blob: `input_ids` `[T]`, `loss_mask` `[T]`, `offsets` `[n+1]`."""
-    lengths = [len(e.input_ids) for _, e in rows]
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    lengths = np.asarray([len(e.input_ids) for _, e in rows], np.int64)
     ids = np.concatenate([e.input_ids for _, e in rows]) if rows else np.zeros(0, np.int32)
     mask = np.concatenate([e.loss_mask for _, e in rows]) if rows else np.zeros(0, np.uint8)
+    return _pack_arrays(ids, mask, lengths, [r["id"] for r, _ in rows], [r["category"] for r, _ in rows])
+
+
+def _pack_arrays(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, row_ids: list, categories: list) -> bytes:
+    """`ids` int32 `[T]`, `mask` uint8 `[T]`, `lengths` int64 `[n]` as a token shard."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tensors = {
-        "input_ids": torch.from_numpy(ids),
-        "loss_mask": torch.from_numpy(mask),
+        "input_ids": torch.from_numpy(np.ascontiguousarray(ids, np.int32)),
+        "loss_mask": torch.from_numpy(np.ascontiguousarray(mask, np.uint8)),
         "offsets": torch.from_numpy(offsets),
     }
-    meta = {
-        "ids": json.dumps([r["id"] for r, _ in rows]),
-        "categories": json.dumps([r["category"] for r, _ in rows]),
-    }
-    return tensorio.dumps(tensors, meta)
+    return tensorio.dumps(tensors, {"ids": json.dumps(row_ids), "categories": json.dumps(categories)})
 
 
 def read_token_shard(data: bytes) -> list[dict]:
@@ -73,26 +73,26 @@ def read_token_shard(data: bytes) -> list[dict]:
     ]
 
 
-def _summarise(results: list[tuple]) -> tuple[bytes, dict[str, Any]]:
+def _summarise(chunks: list[token_encode.Chunk]) -> tuple[bytes, dict[str, Any]]:
     """Pack the kept samples of one shard; count samples, tokens, truncations, drops and rejects."""
-    kept: list[tuple[dict, Encoded]] = []
-    counts = {"samples": 0, "tokens": 0, "loss_tokens": 0, "truncated": 0}
-    rejects = []
-    for res in results:
-        if res[0] == "ok":
-            _, rid, cat, ids, mask, truncated = res
-            enc = Encoded(np.frombuffer(ids, np.int32), np.frombuffer(mask, np.uint8), truncated)
-            kept.append(({"id": rid, "category": cat}, enc))
-            counts["truncated"] += int(truncated)
-            counts["tokens"] += len(enc.input_ids)
-            counts["loss_tokens"] += int(enc.loss_mask.sum())
-        elif res[0] == "drop":
-            counts[f"dropped.{res[1]}"] = counts.get(f"dropped.{res[1]}", 0) + 1
-        else:
-            _, line, rid, reason, detail, excerpt = res
-            rejects.append({"line": line, "id": rid, "reason": reason, "detail": detail, "excerpt": excerpt})
-    counts["samples"] = len(kept)
-    return pack_shard(kept), {"rows": len(results), "counts": counts, "rejects": rejects}
+    # bytearray: torch wants writable buffers, and one copy per shard is cheap.
+    lengths = np.frombuffer(b"".join(c.lengths for c in chunks), np.int64)
+    ids = np.frombuffer(bytearray(b"".join(c.ids for c in chunks)), np.int32)
+    mask = np.frombuffer(bytearray(b"".join(c.mask for c in chunks)), np.uint8)
+    counts = {
+        "samples": len(lengths),
+        "tokens": len(ids),
+        "loss_tokens": sum(c.loss_tokens for c in chunks),
+        "truncated": sum(c.truncated for c in chunks),
+    }
+    for c in chunks:
+        for reason, n in c.drops.items():
+            counts[f"dropped.{reason}"] = counts.get(f"dropped.{reason}", 0) + n
+    row_ids = [r for c in chunks for r in c.row_ids]
+    categories = [r for c in chunks for r in c.categories]
+    data = _pack_arrays(ids, mask, lengths, row_ids, categories)
+    summary = {"rows": sum(c.rows for c in chunks), "counts": counts, "rejects": [r for c in chunks for r in c.rejects]}
+    return data, summary
 
 
 # ---- the stage --------------------------------------------------------------------------------------
@@ -188,9 +188,10 @@ def _run_jobs(
     files: list[FileEntry] = []
     totals: dict[str, int] = {"rows": 0, "samples": 0, "tokens": 0, "loss_tokens": 0, "truncated": 0}
     rejects = Rejects(STAGE)
-    pending: list[tuple] = []
+    pending: list[token_encode.Chunk] = []
     for s, chunk, n_chunks, out in results:
-        pending.extend(out or [])
+        if out is not None:
+            pending.append(out)
         if chunk + 1 < n_chunks:
             continue
         cached = s in hits
@@ -226,8 +227,27 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
 
     def compute(uri: str) -> StageResult:
         opts = Options.of(cfg, target.vocab_size)
-        renderer = get_renderer(cfg.renderer, AutoTokenizer.from_pretrained(tok_path), thinking=opts.thinking)
-        template = renderer.template_sha256()
+        # Workers start first: their start-up (imports, tokenizer, span probe) overlaps the parent's checks.
+        # Spawned, they share nothing with this process (threads, the corpus pages).
+        pool = None
+        if cfg.num_workers:
+            pool = mp.get_context("spawn").Pool(cfg.num_workers, _init_worker, (tok_path, cfg.renderer, opts, True))
+        try:
+            result = _compute(uri, opts, pool)
+        except BaseException:
+            if pool is not None:
+                pool.terminate()  # nothing it still computes is wanted
+            raise
+        if pool is not None:
+            pool.close()
+            pool.join()
+        return result
+
+    def _compute(uri: str, opts: Options, pool: Any) -> StageResult:
+        # A worker's renderer answers the template hash, so this process never imports transformers.
+        if pool is None:
+            _init_worker(tok_path, cfg.renderer, opts)
+        template = pool.apply(token_encode.worker_template_sha256) if pool else token_encode.worker_template_sha256()
         provenance = check_provenance(cfg, conversations.info, template)
         sources = _sources(cfg, conversations)
         plan = _Plan(
@@ -240,18 +260,7 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
             },
             cfg.chunk_size,
         )
-        # The pool starts before the corpus is read, so workers never inherit (and dirty) its pages.
-        pool = None
-        if cfg.num_workers:
-            pool = mp.get_context("spawn").Pool(cfg.num_workers, _init_worker, (tok_path, cfg.renderer, opts))
-        else:
-            _init_worker(tok_path, cfg.renderer, opts)
-        try:
-            files, counts, rejects = _run_jobs(plan, sources, pool, uri)
-        finally:
-            if pool is not None:
-                pool.close()
-                pool.join()
+        files, counts, rejects = _run_jobs(plan, sources, pool, uri)
         files.append(rejects.write(uri))
         rejects.check(counts["rows"], cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
         info = {
