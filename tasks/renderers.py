@@ -82,6 +82,113 @@ class ChatTemplateRenderer:
         return template_hash(self.tok.chat_template)
 
 
+class JinjaTemplateRenderer:
+    """What `ChatTemplateRenderer` renders, without transformers: the template compiled as `apply_chat_template`
+    compiles it (transformers' `_compile_jinja_template`), given the same variables and message normalisation.
+
+    Workers use it so that they never import transformers (most of their start-up); `compile_chat_template`
+    returns None for templates it cannot reproduce, and tests prove equality with `apply_chat_template`.
+    """
+
+    name = "chat_template"
+
+    def __init__(self, template: str, special_tokens: dict[str, str], *, thinking: bool) -> None:
+        compiled = compile_chat_template(template)
+        if compiled is None:
+            raise ValueError("tokenize.renderer: this chat template needs transformers' own renderer")
+        self.template, self.compiled = template, compiled
+        # `apply_chat_template` passes the named special tokens, overridden by the template kwargs.
+        self.variables = {**special_tokens, "enable_thinking": thinking}
+
+    def render_many(self, convs: Sequence[Conversation], *, add_generation_prompt: bool) -> list[str]:
+        render, variables = self.compiled.render, self.variables
+        return [
+            render(
+                messages=[_normalise(m) for m in messages],
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
+            for messages, tools in convs
+        ]
+
+    def template_sha256(self) -> str:
+        return template_hash(self.template)
+
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _normalise(message: dict) -> dict:
+    """`apply_chat_template`'s message: keys whose value is None dropped, reasoning aliased under its names."""
+    out = {k: v for k, v in message.items() if v is not None}
+    reasoning = next((out[k] for k in _REASONING_FIELDS if k in out), None)
+    return out if reasoning is None else {"thinking": reasoning, **out, "reasoning_content": reasoning}
+
+
+def compile_chat_template(template: str) -> Any:
+    """The jinja template `apply_chat_template` would run, or None when only transformers can run it.
+
+    Mirrors transformers' `_cached_compile_jinja_template`; the `{% generation %}` tag (its assistant tracker)
+    is not supported here, so such templates return None and take the transformers path.
+    """
+    import re
+
+    import jinja2
+    import jinja2.ext
+    import jinja2.utils
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if re.search(r"\{%-?\s*(end)?generation\s*-?%\}", template):
+        return None
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        from datetime import datetime
+
+        return datetime.now().strftime(format)
+
+    class TemplateDict:
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}. "
+                    "Please rename the attribute."
+                )
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals.update(
+        raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(), namespace=TemplateNamespace
+    )
+    return env.from_string(template)
+
+
 class _TokenizerAdapter:
     """Lets any object with `apply_chat_template` act as a renderer (tests use one that rewrites history)."""
 

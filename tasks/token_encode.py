@@ -20,6 +20,7 @@ import numpy as np
 
 from tasks import token_rows
 from tasks.renderers import (
+    JinjaTemplateRenderer,
     Renderer,
     Spans,
     _TokenizerAdapter,
@@ -229,6 +230,78 @@ def load_tokenizer(tok_path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(tok_path)
 
 
+# Config keys with which the backend `AutoTokenizer` builds differs from tokenizer.json alone.
+_LIGHT_UNSAFE = ("add_prefix_space", "split_special_tokens", "tokenizer_truncation", "tokenizer_padding")
+_NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class LightTokenizer:
+    """The Rust tokenizer and chat template of a generic tokenizer folder, loaded without transformers.
+
+    Stands in for the `TokenizersBackend` that `load_tokenizer` gives where the stage needs it: `_tokenizer`
+    (the Rust backend), `chat_template`, `special_tokens_map` and `tok(texts, ...)` with offsets.
+    """
+
+    def __init__(self, backend: Any, chat_template: str, special_tokens_map: dict[str, str]) -> None:
+        self._tokenizer, self.chat_template, self.special_tokens_map = backend, chat_template, special_tokens_map
+
+    def __call__(self, text: Any, *, add_special_tokens: bool = False, return_offsets_mapping: bool = False) -> dict:
+        texts = [text] if isinstance(text, str) else list(text)
+        encs = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        out = {"input_ids": [e.ids for e in encs]}
+        if return_offsets_mapping:
+            out["offset_mapping"] = [e.offsets for e in encs]
+        return {k: v[0] for k, v in out.items()} if isinstance(text, str) else out
+
+
+def _special_token(value: Any) -> str | None:
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return value if isinstance(value, str) else None
+
+
+def load_light_tokenizer(tok_path: str) -> LightTokenizer | None:
+    """`load_tokenizer(tok_path)`'s tokenizer without importing transformers, or None where it could differ.
+
+    Only a generic backend class with its tokenizer.json, a single template and none of the settings that
+    make the backend rewrite tokenizer.json; tests prove encodings and renders equal to transformers'.
+    """
+    folder = Path(tok_path)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        raw = json.loads((folder / "tokenizer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if config.get("tokenizer_class") not in _GENERIC_CLASSES or any(k in config for k in _LIGHT_UNSAFE):
+        return None
+    if raw.get("truncation") is not None or raw.get("padding") is not None:
+        return None
+    added = {str(t["id"]): t["content"] for t in raw.get("added_tokens", [])}
+    if any(added.get(i) != t.get("content") for i, t in config.get("added_tokens_decoder", {}).items()):
+        return None
+    template_file = folder / "chat_template.jinja"
+    template = template_file.read_text() if template_file.is_file() else config.get("chat_template")
+    if not isinstance(template, str) or (folder / "additional_chat_templates").exists():
+        return None
+    special = {k: _special_token(config.get(k)) for k in _NAMED_SPECIAL}
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(json.dumps(raw))
+    return LightTokenizer(backend, template, {k: v for k, v in special.items() if v is not None})
+
+
+def _load_for_worker(tok_path: str, renderer_name: str, thinking: bool) -> tuple[Any, Renderer]:
+    """The tokenizer and renderer of a worker: the light pair when it reproduces the transformers one."""
+    light = load_light_tokenizer(tok_path) if renderer_name == "chat_template" else None
+    if light is not None:
+        try:
+            return light, JinjaTemplateRenderer(light.chat_template, light.special_tokens_map, thinking=thinking)
+        except ValueError:
+            pass  # a template only transformers can render
+    tok = load_tokenizer(tok_path)
+    return tok, get_renderer(renderer_name, tok, thinking=thinking)
+
+
 def _init_worker(tok_path: str, renderer_name: str, opts: Options, pooled: bool = False) -> None:
     if pooled:
         # One process per core already: a Rust thread pool per worker would oversubscribe the cores.
@@ -236,8 +309,7 @@ def _init_worker(tok_path: str, renderer_name: str, opts: Options, pooled: bool 
     # A pool initializer that raises is retried forever by multiprocessing: keep the error for the first job.
     _WORKER.clear()
     try:
-        tok = load_tokenizer(tok_path)
-        renderer = get_renderer(renderer_name, tok, thinking=opts.thinking)
+        tok, renderer = _load_for_worker(tok_path, renderer_name, opts.thinking)
     except Exception as e:  # noqa: BLE001 - re-raised by `_worker()` in the parent's first call
         _WORKER["error"] = e
         return

@@ -7,11 +7,11 @@ lands in `rejected.jsonl` instead of failing a 150K-row stage.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 ROLES = ("system", "user", "assistant", "tool")
 _KEPT_KEYS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
@@ -48,13 +48,15 @@ Row = ConversationRow | PretokenizedRow | Rejected
 def parse_line(raw: bytes, *, fallback_id: str, thinking: bool, vocab_size: int) -> Row:
     """One JSONL line to a validated row, or the reason it cannot be used."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return Rejected("invalid_utf8", f"not UTF-8 at byte {e.start}")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        return Rejected("malformed_json", f"invalid JSON: {e.msg} at column {e.colno}")
+        # orjson parses bytes and checks UTF-8 itself, about 3x faster than decode + json.loads; this
+        # loop is a measurable share of the stage's per-row cost.
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as u:
+            return Rejected("invalid_utf8", f"not UTF-8 at byte {u.start}")
+        return Rejected("malformed_json", f"invalid JSON: {e}")
     if not isinstance(obj, dict):
         return Rejected("malformed_json", f"a row must be a JSON object, got {type(obj).__name__}")
     ident = _identity(obj, fallback_id)

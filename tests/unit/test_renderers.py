@@ -253,3 +253,71 @@ def test_probe_refuses_a_template_that_rewrites_history(chatml):
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     assert probe_spans(ChatTemplateRenderer(tok, thinking=False)) is None
+
+
+def _varied_conversations(n: int, seed: int) -> list:
+    """Conversations over every shape the stage passes: system, multi-turn, reasoning, tool calls, None fields."""
+    import random
+
+    rng = random.Random(seed)
+    texts = ["Hi", "  lead and trail  \n", "<b>x</b> & \"q\" 'a'", "naïve — ünï 😀", "", "a\n\nb", "{{ not jinja }}"]
+    out = []
+    for k in range(n):
+        msgs = [{"role": "system", "content": rng.choice(texts)}] if rng.random() < 0.4 else []
+        for t in range(rng.randint(1, 3)):
+            msgs.append({"role": "user", "content": rng.choice(texts) + str(t)})
+            answer = {"role": "assistant", "content": rng.choice(texts + [None])}
+            if rng.random() < 0.5:
+                answer[rng.choice(["reasoning_content", "reasoning", "thinking"])] = rng.choice(texts)
+            if rng.random() < 0.3:
+                args = rng.choice(['{"a": 2}', {"a": 2, "s": "ü"}])
+                call = {"id": f"functions.add:{t}", "type": "function", "function": {"name": "add", "arguments": args}}
+                answer["tool_calls"] = [call]
+                msgs += [answer, {"role": "tool", "tool_call_id": call["id"], "content": str(k)}]
+                msgs.append({"role": "assistant", "content": rng.choice(texts), "tool_calls": None})
+            else:
+                msgs.append(answer)
+        tools = rng.choice([None, [], _TOOLS])
+        out.append((msgs, tools))
+    return out
+
+
+_TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add <two> ints.", "parameters": {}}}]
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama3", "kimi"])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_jinja_renderer_equals_apply_chat_template(name, thinking, request):
+    """The transformers-free renderer gives `apply_chat_template`'s text bit for bit, and its errors."""
+    from tasks.renderers import JinjaTemplateRenderer
+
+    tok = request.getfixturevalue(name)
+    ours = JinjaTemplateRenderer(tok.chat_template, tok.special_tokens_map, thinking=thinking)
+    ref = ChatTemplateRenderer(tok, thinking=thinking)
+    assert ours.template_sha256() == ref.template_sha256()
+    convs = _varied_conversations(200, seed=len(name) + thinking)
+    for gen in (False, True):
+        for conv in convs:
+            try:
+                expected = ref.render_many([conv], add_generation_prompt=gen)
+            except Exception as e:  # noqa: BLE001 - the light renderer must fail alike
+                with pytest.raises(type(e)):
+                    ours.render_many([conv], add_generation_prompt=gen)
+                continue
+            assert ours.render_many([conv], add_generation_prompt=gen) == expected, conv
+
+
+def test_light_tokenizer_equals_transformers(chatml):
+    """The worker's transformers-free tokenizer encodes like `load_tokenizer`'s, special tokens included."""
+    from tasks.token_encode import load_light_tokenizer, load_tokenizer
+
+    path = str(ensure_smollm2())
+    light, tok = load_light_tokenizer(path), load_tokenizer(path)
+    assert light is not None
+    assert light.chat_template == tok.chat_template and light.special_tokens_map == tok.special_tokens_map
+    assert light._tokenizer.to_str() == tok._tokenizer.to_str()
+    convs = _varied_conversations(50, seed=3)
+    texts = ["<|im_start|>".join(f"{m['role']}\n{m.get('content')}<|im_end|>\n" for m in msgs) for msgs, _ in convs]
+    texts += ["<|im_start|>x<|im_end|> naïve 😀\n\n", ""]
+    ref = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    assert light(texts, return_offsets_mapping=True) == {k: ref[k] for k in ("input_ids", "offset_mapping")}
