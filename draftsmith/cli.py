@@ -24,6 +24,7 @@ def _env_defaults() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-load bars clutter the stage log
     os.environ.setdefault("PREFECT_HOME", str(cache_root() / "prefect"))
 
 
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _env_defaults()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: Prefect's API chatter would drown the stage log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command](args)
     except RecipeError as err:
