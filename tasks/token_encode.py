@@ -57,11 +57,18 @@ class Options:
     min_loss_tokens: int = 1
     thinking: bool = False
     vocab_size: int = 1 << 31
+    trust_remote_code: bool = False  # only for tokenizers shipped as code, when the recipe opts in
 
     @classmethod
-    def of(cls, cfg: TokenizeConfig, vocab_size: int) -> Options:
+    def of(cls, cfg: TokenizeConfig, vocab_size: int, *, trust_remote_code: bool = False) -> Options:
         return cls(
-            cfg.max_length, cfg.truncation, cfg.last_turn_only, cfg.min_loss_tokens, cfg.thinking == "on", vocab_size
+            cfg.max_length,
+            cfg.truncation,
+            cfg.last_turn_only,
+            cfg.min_loss_tokens,
+            cfg.thinking == "on",
+            vocab_size,
+            trust_remote_code,
         )
 
 
@@ -214,7 +221,7 @@ _WORKER: dict[str, Any] = {}
 _GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_tokenizer(tok_path: str) -> PreTrainedTokenizerBase:
+def load_tokenizer(tok_path: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The tokenizer `AutoTokenizer.from_pretrained(tok_path)` gives, without importing torch when possible."""
     config = Path(tok_path) / "tokenizer_config.json"
     try:
@@ -227,7 +234,7 @@ def load_tokenizer(tok_path: str) -> PreTrainedTokenizerBase:
         return TokenizersBackend.from_pretrained(tok_path)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tok_path)
+    return AutoTokenizer.from_pretrained(tok_path, trust_remote_code=trust_remote_code)
 
 
 # Config keys with which the backend `AutoTokenizer` builds differs from tokenizer.json alone.
@@ -266,17 +273,20 @@ def load_light_tokenizer(tok_path: str) -> LightTokenizer | None:
     Only a generic backend class with its tokenizer.json, a single template and none of the settings that
     make the backend rewrite tokenizer.json; tests prove encodings and renders equal to transformers'.
     """
+    from tokenizers import Tokenizer
+
     folder = Path(tok_path)
     try:
         config = json.loads((folder / "tokenizer_config.json").read_text())
-        raw = json.loads((folder / "tokenizer.json").read_text())
-    except (OSError, ValueError):
+        # from_file parses in Rust: a JSON round trip through Python cost each worker ~0.13 s at start-up.
+        backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception:  # unreadable or not a tokenizers file: the transformers path decides
         return None
     if config.get("tokenizer_class") not in _GENERIC_CLASSES or any(k in config for k in _LIGHT_UNSAFE):
         return None
-    if raw.get("truncation") is not None or raw.get("padding") is not None:
+    if backend.truncation is not None or backend.padding is not None:
         return None
-    added = {str(t["id"]): t["content"] for t in raw.get("added_tokens", [])}
+    added = {str(i): t.content for i, t in backend.get_added_tokens_decoder().items()}
     if any(added.get(i) != t.get("content") for i, t in config.get("added_tokens_decoder", {}).items()):
         return None
     template_file = folder / "chat_template.jinja"
@@ -284,13 +294,12 @@ def load_light_tokenizer(tok_path: str) -> LightTokenizer | None:
     if not isinstance(template, str) or (folder / "additional_chat_templates").exists():
         return None
     special = {k: _special_token(config.get(k)) for k in _NAMED_SPECIAL}
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_str(json.dumps(raw))
     return LightTokenizer(backend, template, {k: v for k, v in special.items() if v is not None})
 
 
-def _load_for_worker(tok_path: str, renderer_name: str, thinking: bool) -> tuple[Any, Renderer]:
+def _load_for_worker(
+    tok_path: str, renderer_name: str, thinking: bool, trust_remote_code: bool = False
+) -> tuple[Any, Renderer]:
     """The tokenizer and renderer of a worker: the light pair when it reproduces the transformers one."""
     light = load_light_tokenizer(tok_path) if renderer_name == "chat_template" else None
     if light is not None:
@@ -298,7 +307,7 @@ def _load_for_worker(tok_path: str, renderer_name: str, thinking: bool) -> tuple
             return light, JinjaTemplateRenderer(light.chat_template, light.special_tokens_map, thinking=thinking)
         except ValueError:
             pass  # a template only transformers can render
-    tok = load_tokenizer(tok_path)
+    tok = load_tokenizer(tok_path, trust_remote_code=trust_remote_code)
     return tok, get_renderer(renderer_name, tok, thinking=thinking)
 
 
@@ -309,7 +318,7 @@ def _init_worker(tok_path: str, renderer_name: str, opts: Options, pooled: bool 
     # A pool initializer that raises is retried forever by multiprocessing: keep the error for the first job.
     _WORKER.clear()
     try:
-        tok, renderer = _load_for_worker(tok_path, renderer_name, opts.thinking)
+        tok, renderer = _load_for_worker(tok_path, renderer_name, opts.thinking, opts.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - re-raised by `_worker()` in the parent's first call
         _WORKER["error"] = e
         return

@@ -220,13 +220,13 @@ def _run_jobs(
 
 def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, *, out_uri: str) -> StageManifest:
     """Write one `tokens-NNNNN.safetensors` per input file and `rejected.jsonl`; counts by reason."""
-    tok_path = str(resolve_target(target.source))
+    tok_path = str(resolve_target(target.source, tokenizer_only=True))
     tok_sha = token_cache.tokenizer_sha256(tok_path)
     extra = [_source_fingerprint(u) for u in cfg.extra_sources]
     key = stage_key(STAGE, _CODE, cfg=cfg, target=target, conversations=conversations, tokenizer=tok_sha, extra=extra)
 
     def compute(uri: str) -> StageResult:
-        opts = Options.of(cfg, target.vocab_size)
+        opts = Options.of(cfg, target.vocab_size, trust_remote_code=target.trust_remote_code)
         # Workers start first: their start-up (imports, tokenizer, span probe) overlaps the parent's checks.
         # Spawned, they share nothing with this process (threads, the corpus pages).
         pool = None

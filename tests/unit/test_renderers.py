@@ -321,3 +321,18 @@ def test_light_tokenizer_equals_transformers(chatml):
     texts += ["<|im_start|>x<|im_end|> naïve 😀\n\n", ""]
     ref = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
     assert light(texts, return_offsets_mapping=True) == {k: ref[k] for k in ("input_ids", "offset_mapping")}
+
+
+def test_trust_remote_code_reaches_the_tokenizer_of_code_shipping_models(tmp_path, monkeypatch):
+    # Kimi's tokenizer ships as Python: the recipe's opt-in must reach AutoTokenizer in the workers, and
+    # nothing else may turn it on.
+    import transformers
+
+    from tasks.token_encode import load_tokenizer
+
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "TikTokenTokenizer"}')
+    seen = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: seen.append(kw) or "tok")
+    assert load_tokenizer(str(tmp_path), trust_remote_code=True) == "tok"
+    assert load_tokenizer(str(tmp_path)) == "tok"
+    assert seen == [{"trust_remote_code": True}, {"trust_remote_code": False}]
