@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -323,3 +324,21 @@ def test_tiny_target_shares_the_smollm2_tokenizer_and_generates_varied_tokens(
 @pytest.mark.integration
 def test_resolve_target_embedded_smollm2(smollm2_dir: Path) -> None:
     assert ts.resolve_target("embedded:smollm2-135m-instruct") == smollm2_dir
+
+
+@pytest.mark.unit
+def test_verified_folders_are_not_rehashed_but_changes_are_still_caught(smollm2_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / ts.SMOLLM2_NAME
+    shutil.copytree(smollm2_dir, copy)
+    source = json.loads((copy / ts.MANIFEST_NAME).read_text())["source"]
+    assert ts._is_current(copy, source)
+    start = time.perf_counter()
+    assert ts._is_current(copy, source)  # stat-only: hashing 260 MB takes a good fraction of a second
+    assert time.perf_counter() - start < 0.05
+    with (copy / "model.safetensors").open("r+b") as fh:
+        fh.seek(4096)
+        byte = fh.read(1)
+        fh.seek(4096)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(copy / "model.safetensors", ns=(1, 1))  # a writer that moved the mtime anywhere at all
+    assert not ts._is_current(copy, source)
