@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from draftsmith.config import TargetConfig
 from draftsmith.target_setup import resolve_target
 from engines.base import ChatRequest, Completion, SamplingParams, template_hash
+from engines.taps import validate_taps
 
 log = logging.getLogger(__name__)
 
@@ -204,16 +205,16 @@ class HFEngine:
 class TapRecorder:
     """Forward hooks that keep the taps and the last hidden state of the most recent forward.
 
-    Use as a context manager around any forward of the model (with or without a KV cache).
+    Use as a context manager around any forward of the model (with or without a KV cache). Taps follow
+    `engines.taps` (tap k = output of decoder layer k counting from 1) and are validated against the layer count.
     """
 
     def __init__(self, model: PreTrainedModel, taps: Sequence[int], last_hidden: str = "post_norm") -> None:
         _, layers, norm = decoder_parts(model)
-        for k in taps:
-            if not 1 <= k < len(layers):
-                raise ValueError(f"tap {k} is outside 1..{len(layers) - 1} for a {len(layers)}-layer target")
-        self.taps = list(taps)
-        self._modules = {f"tap{k}": layers[k - 1] for k in taps}
+        if last_hidden not in ("post_norm", "pre_norm"):
+            raise ValueError(f"hidden_states.last_hidden: expected 'post_norm' or 'pre_norm', got {last_hidden!r}")
+        self.taps = validate_taps(taps, len(layers))
+        self._modules = {f"tap{k}": layers[k - 1] for k in self.taps}
         self._modules["last"] = norm if last_hidden == "post_norm" else layers[len(layers) - 1]
         self._captured: dict[str, torch.Tensor] = {}
         self._handles: list = []
@@ -254,20 +255,68 @@ def forward_with_taps(
     taps: Sequence[int],
     *,
     last_hidden: str = "post_norm",
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the decoder (never the lm_head) and capture the residual stream at the taps.
 
     Tap k is the output of decoder layer k counting from 1, i.e. HF `hidden_states[k]`. The last
     hidden state is the final norm's output (`post_norm`) or the last layer's output (`pre_norm`).
 
+    When `B * S` exceeds `chunk_tokens`, the sequence is prefilled in chunks of `chunk_tokens // B` positions
+    through a KV cache (`forward_with_taps_chunked`), so activations stay at `chunk_tokens` tokens; otherwise
+    one forward without a cache, which is bitwise equal to a manual layer-by-layer forward.
+
     Args:
         input_ids: `[B, S]` token ids, right-padded.
         attention_mask: `[B, S]`, 1 on real tokens.
+        chunk_tokens: token budget of one forward; None for a single forward whatever the length.
 
     Returns:
         `taps_BSNH` `[B, S, N, H]` and `last_BSH` `[B, S, H]`, in the model's compute dtype.
     """
+    if chunk_tokens is not None and input_ids.numel() > chunk_tokens:
+        return forward_with_taps_chunked(
+            model, input_ids, attention_mask, taps, last_hidden=last_hidden, chunk_tokens=chunk_tokens
+        )
     base, _, _ = decoder_parts(model)
     with TapRecorder(model, taps, last_hidden) as rec:
         base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return rec.taps_BSNH(), rec.last_BSH()
+
+
+@torch.inference_mode()
+def forward_with_taps_chunked(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    taps: Sequence[int],
+    *,
+    last_hidden: str = "post_norm",
+    chunk_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`forward_with_taps` as a chunked prefill: `chunk_tokens // B` positions per forward, through a KV cache.
+
+    Each forward's activations are `[B, chunk, *]` (and its attention `chunk x past`), so their size is bounded
+    by the budget; the KV cache (`2 * L * B * S * kv_width`) and the returned taps grow with `S`, as they must.
+    Right padding keeps every query row with at least one real key, and positions are `0..S-1` as in one forward.
+    Results equal the single forward up to fp32 rounding, not bitwise: attention over a cache reduces in a
+    different blocking order than one full-sequence attention.
+
+    Returns:
+        `taps_BSNH` `[B, S, N, H]` and `last_BSH` `[B, S, H]`, in the model's compute dtype.
+    """
+    if chunk_tokens <= 0:
+        raise ValueError(f"hidden_states.batch_tokens: the chunk token budget must be positive, got {chunk_tokens}")
+    base, _, _ = decoder_parts(model)
+    batch, seq = input_ids.shape
+    step = max(1, chunk_tokens // batch)
+    cache = DynamicCache(config=model.config)
+    taps_parts: list[torch.Tensor] = []
+    last_parts: list[torch.Tensor] = []
+    with TapRecorder(model, taps, last_hidden) as rec:
+        for start in range(0, seq, step):
+            end = min(seq, start + step)
+            base(input_ids=input_ids[:, start:end], attention_mask=attention_mask[:, :end], cache=cache, use_cache=True)
+            taps_parts.append(rec.taps_BSNH())
+            last_parts.append(rec.last_BSH())
+    return torch.cat(taps_parts, dim=1), torch.cat(last_parts, dim=1)

@@ -32,7 +32,12 @@ FORMAT_VERSION = 1
 def capture_samples(
     model: PreTrainedModel, samples: list[dict], cfg: HiddenStatesConfig, pad_id: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per sample: taps `[S, N*H]` and last hidden `[S, H]`, in `store_dtype`, in input order."""
+    """Per sample: taps `[S, N*H]` and last hidden `[S, H]`, in `store_dtype`, in input order.
+
+    Samples are batched (right-padded) so that `batch * longest <= cfg.batch_tokens`; a sample longer than the
+    budget runs alone as a chunked prefill of `batch_tokens` positions per forward (`hf.forward_with_taps_chunked`),
+    so activation memory stays bounded by the budget whatever the length.
+    """
     dtype = getattr(torch, cfg.store_dtype)
     out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(samples)
     for batch in group_by_length([len(s["input_ids"]) for s in samples], cfg.batch_tokens):
@@ -43,7 +48,9 @@ def capture_samples(
             n = len(samples[i]["input_ids"])
             ids[row, :n] = samples[i]["input_ids"]
             mask[row, :n] = 1
-        taps_BSNH, last_BSH = hf.forward_with_taps(model, ids, mask, cfg.taps, last_hidden=cfg.last_hidden)
+        taps_BSNH, last_BSH = hf.forward_with_taps(
+            model, ids, mask, cfg.taps, last_hidden=cfg.last_hidden, chunk_tokens=cfg.batch_tokens
+        )
         for row, i in enumerate(batch):
             n = len(samples[i]["input_ids"])
             out[i] = (taps_BSNH[row, :n].flatten(1).to(dtype), last_BSH[row, :n].to(dtype))
