@@ -16,12 +16,9 @@ import importlib.util
 import json
 import logging
 import os
-import queue
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,27 +41,7 @@ LAST_HIDDEN = ("post_norm", "pre_norm")
 class _HiddenWorker(_Worker):
     """`vllm_hidden_worker.py` under another interpreter, on the offline engine's process handling."""
 
-    def __init__(self, python: str, config: dict[str, Any], log_path: Path, start_timeout_s: float) -> None:
-        # The base class starts `vllm_worker.py`; same start-up, reader and shutdown, another script.
-        env = {**vllm_worker.VLLM_ENV_DEFAULTS, "HF_HUB_OFFLINE": "1", **os.environ}
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [python, str(WORKER_SCRIPT), json.dumps(config)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-            start_new_session=True,
-        )
-        self._lines: queue.Queue[bytes] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self._next_id = 0
-        try:
-            self.info = self._read(timeout_s=start_timeout_s, what="start-up")
-        except BaseException:
-            self.stop()
-            raise
+    script = WORKER_SCRIPT  # same start-up, reader and shutdown as the offline engine; another script
 
     def capture(self, token_ids: list[list[int]]) -> list[str]:
         self._next_id += 1

@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -83,20 +82,6 @@ def capture(llm: Any, token_ids: list[list[int]]) -> list[str]:
     return paths
 
 
-def _serve(llm: Any, proto: Any) -> None:
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        msg = json.loads(line)
-        try:
-            reply = {"id": msg["id"], "paths": capture(llm, msg["token_ids"])}
-        except Exception as exc:  # report to the parent and keep serving: one bad batch is not fatal
-            traceback.print_exc(file=sys.stderr)
-            reply = {"id": msg.get("id"), "error": f"{type(exc).__name__}: {exc}"}
-        proto.write(json.dumps(reply) + "\n")
-        proto.flush()
-
-
 def main(argv: list[str]) -> int:
     import vllm_worker  # the sibling script: shared env defaults and stdout handling
 
@@ -111,7 +96,7 @@ def main(argv: list[str]) -> int:
 
     proto.write(json.dumps({"ready": True, "vllm_version": vllm.__version__}) + "\n")
     proto.flush()
-    _serve(llm, proto)
+    vllm_worker.serve(proto, lambda msg: {"paths": capture(llm, msg["token_ids"])})
     return 0
 
 

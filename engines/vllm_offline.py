@@ -120,14 +120,16 @@ def stop_process(proc: subprocess.Popen, *, grace_s: float = 20.0) -> None:
 
 
 class _Worker:
-    """A long-lived `vllm_worker.py` subprocess and its line reader."""
+    """A long-lived `vllm_worker.py` subprocess and its line reader; subclasses name another script."""
+
+    script: Path = WORKER_SCRIPT
 
     def __init__(self, python: str, config: dict[str, Any], log_path: Path, start_timeout_s: float) -> None:
         env = {**vllm_worker.VLLM_ENV_DEFAULTS, "HF_HUB_OFFLINE": "1", **os.environ}
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [python, str(WORKER_SCRIPT), json.dumps(config)],
+            [python, str(self.script), json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 # CPU defaults; a GPU image ignores the KV-cache size and may override any of these in its environment.
@@ -103,13 +104,14 @@ def _protocol_stream() -> Any:
     return os.fdopen(proto_fd, "w", buffering=1, encoding="utf-8")
 
 
-def _serve(llm: Any, proto: Any) -> None:
+def serve(proto: Any, handle: Callable[[dict], dict]) -> None:
+    """Answer each request line on stdin with `{"id", **handle(msg)}`, or `{"id", "error"}` if it raised."""
     for line in sys.stdin:
         if not line.strip():
             continue
         msg = json.loads(line)
         try:
-            reply = {"id": msg["id"], "outputs": run_batch(llm, msg["requests"], msg["params"])}
+            reply = {"id": msg["id"], **handle(msg)}
         except Exception as exc:  # report to the parent and keep serving: one bad batch is not fatal
             traceback.print_exc(file=sys.stderr)
             reply = {"id": msg.get("id"), "error": f"{type(exc).__name__}: {exc}"}
@@ -128,7 +130,7 @@ def main(argv: list[str]) -> int:
     llm = build_llm(config)
     proto.write(json.dumps({"ready": True, **engine_info(llm)}) + "\n")
     proto.flush()
-    _serve(llm, proto)
+    serve(proto, lambda msg: {"outputs": run_batch(llm, msg["requests"], msg["params"])})
     return 0
 
 
