@@ -12,12 +12,10 @@ Shape legend: S sequence length, N number of taps, H target hidden size.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import weakref
 from collections.abc import Sequence
@@ -29,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from engines import vllm_hidden_worker, vllm_worker
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON, _Worker, default_vllm_python
+from engines.vllm_offline import _Worker, runs_in_process, worker_python
 
 log = logging.getLogger(__name__)
 
@@ -164,21 +162,12 @@ class VLLMHiddenStates:
     @property
     def mode(self) -> str:
         """`in-process` or `worker`: where vLLM runs."""
-        if self._python is None and importlib.util.find_spec("vllm") is not None:
-            return "in-process"
-        return "worker"
+        return "in-process" if runs_in_process(self._python) else "worker"
 
     def _start(self) -> _HiddenWorker | _InProcess:
         if self._backend is not None:
             return self._backend
-        python = None
-        if self.mode == "worker":
-            python = self._python or default_vllm_python()
-            if python is None:
-                raise RuntimeError(
-                    f"vllm is not importable in {sys.executable} and {DEFAULT_VLLM_PYTHON} does not exist; "
-                    "run `make .venv-vllm/.installed` or pass python= a vLLM environment's interpreter"
-                )
+        python = None if self.mode == "in-process" else worker_python(self._python)
         self._out_dir = Path(tempfile.mkdtemp(prefix="vllm-hidden-"))
         config = {**self._config, "out_dir": str(self._out_dir)}
         try:

@@ -43,6 +43,22 @@ def default_vllm_python() -> str | None:
     return str(DEFAULT_VLLM_PYTHON) if DEFAULT_VLLM_PYTHON.exists() else None
 
 
+def runs_in_process(python: str | None) -> bool:
+    """Whether a vLLM engine given `python=` runs in this process (no interpreter named, vLLM importable)."""
+    return python is None and importlib.util.find_spec("vllm") is not None
+
+
+def worker_python(python: str | None) -> str:
+    """The interpreter of a vLLM worker: the one given, else `.venv-vllm`'s; a clear error when neither exists."""
+    found = python or default_vllm_python()
+    if found is None:
+        raise RuntimeError(
+            f"vllm is not importable in {sys.executable} and {DEFAULT_VLLM_PYTHON} does not exist; "
+            "run `make .venv-vllm/.installed` or pass python= a vLLM environment's interpreter"
+        )
+    return found
+
+
 def split_reasoning(text: str) -> tuple[str, str | None]:
     """Split `<think>reasoning</think>answer` (the opening tag may sit in the prompt) into (answer, reasoning).
 
@@ -262,9 +278,7 @@ class VLLMOfflineEngine:
     @property
     def mode(self) -> str:
         """`in-process` or `worker`: where vLLM runs."""
-        if self._python is None and importlib.util.find_spec("vllm") is not None:
-            return "in-process"
-        return "worker"
+        return "in-process" if runs_in_process(self._python) else "worker"
 
     def _start(self) -> _Worker | _InProcess:
         if self._backend is not None:
@@ -272,12 +286,7 @@ class VLLMOfflineEngine:
         if self.mode == "in-process":
             self._backend = _InProcess(self._config)
         else:
-            python = self._python or default_vllm_python()
-            if python is None:
-                raise RuntimeError(
-                    f"vllm is not importable in {sys.executable} and {DEFAULT_VLLM_PYTHON} does not exist; "
-                    "run `make .venv-vllm/.installed` or pass python= a vLLM environment's interpreter"
-                )
+            python = worker_python(self._python)
             log_path = self._log_path or Path(tempfile.mkstemp(prefix="vllm-worker-", suffix=".log")[1])
             log.info("starting vLLM worker under %s for %s (log %s)", python, self.model, log_path)
             self._backend = _Worker(python, self._config, log_path, self._start_timeout_s)
