@@ -21,8 +21,8 @@ $(BIN)/.installed: pyproject.toml
 	# torch first and pinned: the CPU wheel lies on disk; anything unpinned pulls CUDA builds.
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "is ignored" || true
-	$(BIN)/python -c "import draftsmith, prefect, transformers, safetensors"
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,cpu]' 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -c "import draftsmith, prefect, transformers, safetensors, mooncake.store"
 	touch $@
 
 $(VLLM_VENV)/.installed:
@@ -45,7 +45,7 @@ test: setup $(VLLM_VENV)/.installed
 # Benchmarks run as modules from the repo root: run as scripts, benchmarks/ would head sys.path and a file
 # named like a stdlib module (benchmarks/tokenize.py) would shadow it.
 bench: setup $(VLLM_VENV)/.installed
-	@for b in benchmarks/*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
+	@for b in benchmarks/[!_]*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

@@ -1,49 +1,22 @@
-"""Training samples read from hidden-state shards, and length-grouped padded batches.
+"""Training samples from the hidden-state store or stream, and length-grouped padded batches.
 
 Shape legend: S sequence, F = N*Ht fused taps, Ht target width, B batch.
 """
 
-import json
-from dataclasses import dataclass
-
 import torch
 
-from draftsmith import storage, tensorio
 from draftsmith.batching import group_by_length
 from draftsmith.manifest import StageManifest
+from transport.offline_reader import OfflineDataset
+from transport.sample import HiddenSample
+
+# The trainer reads the samples the store or the stream decode; one type, so their sources stay interchangeable.
+TrainSample = HiddenSample
 
 
-@dataclass
-class TrainSample:
-    """`input_ids` `[S]` int64, `loss_mask` `[S]` bool, `features` `[S, F]`, `last_hidden` `[S, Ht]`."""
-
-    id: str
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    features: torch.Tensor
-    last_hidden: torch.Tensor
-    in_draft: torch.Tensor | None = None  # [S] bool: the target's argmax at each position is draftable
-
-
-def load_hidden_shards(manifest: StageManifest) -> list[TrainSample]:
-    """Every sample of the hidden-state stage, in shard order."""
-    samples = []
-    for name in manifest.names("hidden-"):
-        tensors, meta = tensorio.loads(storage.read_bytes(manifest.path(name)))
-        ids = json.loads(meta["ids"])
-        off = tensors["offsets"].tolist()
-        for i, sid in enumerate(ids):
-            sl = slice(off[i], off[i + 1])
-            samples.append(
-                TrainSample(
-                    id=sid,
-                    input_ids=tensors["input_ids"][sl].long(),
-                    loss_mask=tensors["loss_mask"][sl].bool(),
-                    features=tensors["hidden_states"][sl],
-                    last_hidden=tensors["last_hidden"][sl],
-                )
-            )
-    return samples
+def hidden_dataset(hidden: StageManifest) -> OfflineDataset:
+    """The offline store the hidden-state stage wrote (ranged/mmap reads; see `transport.offline_reader`)."""
+    return OfflineDataset(hidden.uri)
 
 
 def length_grouped_batches(lengths: list[int], budget: int, *, seed: int) -> list[list[int]]:

@@ -6,13 +6,13 @@ Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht 
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
-from drafters.data import TrainSample, collate, length_grouped_batches
-from drafters.eagle3.loss import position_mask, simulated_acc_len, ttt_loss
+from drafters.data import TrainSample, collate
+from drafters.eagle3.loss import TTTLoss, position_mask, simulated_acc_len, ttt_loss
 from drafters.eagle3.model import Eagle3Drafter
 from drafters.vocab import draft_ids
 from draftsmith.config import TrainConfig
@@ -28,6 +28,22 @@ class TrainReport:
     tokens: int = 0
     seconds: float = 0.0
     history: list[dict] = field(default_factory=list)
+
+    def record(self, epoch: int, tokens: int, out: TTTLoss, grad_norm: float, lr: float) -> None:
+        """Append one optimizer step to the history (and log every 20th)."""
+        self.steps += 1
+        self.tokens += tokens
+        h = {
+            "step": self.steps,
+            "epoch": epoch,
+            "loss": float(out.total.detach()),
+            "acc": [round(float(a), 5) for a in out.step_acc],
+            "grad_norm": grad_norm,
+            "lr": lr,
+        }
+        self.history.append(h)
+        if self.steps % 20 == 0 or self.steps == 1:
+            log.info("train: step %d epoch %d loss %.4f acc %s", h["step"], epoch, h["loss"], h["acc"])
 
     def final(self, last: int = 10) -> dict[str, float]:
         """Means over the last `last` steps (the end-of-training loss and accuracies)."""
@@ -68,7 +84,8 @@ def lr_lambda(warmup: int, total: int, floor: float = 0.1) -> Callable[[int], fl
 
 def train_eagle3(
     model: Eagle3Drafter,
-    samples: list[TrainSample],
+    batches: Iterable[tuple[int, list[TrainSample]]],
+    total_steps: int,
     target_head_VH: torch.Tensor,
     cfg: TrainConfig,
     *,
@@ -76,47 +93,34 @@ def train_eagle3(
     decay: float,
     seed: int,
 ) -> TrainReport:
-    """Train `model` in place with TTT over `samples`; `target_head_VH` is the target's lm_head `[V, Ht]`."""
+    """Train `model` in place with TTT, one optimizer step per `(epoch, samples)` of `batches`.
+
+    `batches` come from the offline store's prefetching loader or the online stream alike; `total_steps`
+    sizes the LR schedule. `target_head_VH` is the target's lm_head `[V, Ht]`.
+    """
     torch.manual_seed(seed)
     torch.set_num_threads(cfg.threads)
-    mark_draftable(samples, target_head_VH, model.t2d)
     draft_head = target_head_VH[draft_ids(model.d2t)].float()  # [Vd, Ht]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    lengths = [len(s.input_ids) for s in samples]
-    per_epoch = len(length_grouped_batches(lengths, cfg.batch_tokens, seed=seed))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.epochs * per_epoch))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, max(1, total_steps)))
     report = TrainReport()
     start = time.perf_counter()
     model.train()
-    for epoch in range(cfg.epochs):
-        for batch_idx in length_grouped_batches(lengths, cfg.batch_tokens, seed=seed + epoch):
-            batch = collate([samples[i] for i in batch_idx])
-            mask = position_mask(batch["loss_mask"], batch["in_draft"])
-            with torch.no_grad():
-                target_logp = (batch["last_hidden"][mask] @ draft_head.T).log_softmax(-1)
-            hidden = model.ttt_hidden(batch["input_ids"], batch["features"], depth)
-            out = ttt_loss(model.logits, hidden, target_logp, mask, decay)
-            opt.zero_grad(set_to_none=True)
-            out.total.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            sched.step()
-            report.steps += 1
-            report.tokens += int(batch["input_ids"].numel())
-            report.history.append(
-                {
-                    "step": report.steps,
-                    "epoch": epoch,
-                    "loss": float(out.total.detach()),
-                    "acc": [round(float(a), 5) for a in out.step_acc],
-                    "grad_norm": float(grad_norm),
-                    "lr": sched.get_last_lr()[0],
-                }
-            )
-            if report.steps % 20 == 0 or report.steps == 1:
-                h = report.history[-1]
-                log.info("train: step %d epoch %d loss %.4f acc %s", h["step"], epoch, h["loss"], h["acc"])
+    for epoch, samples in batches:
+        mark_draftable(samples, target_head_VH, model.t2d)
+        batch = collate(samples)
+        mask = position_mask(batch["loss_mask"], batch["in_draft"])
+        with torch.no_grad():
+            target_logp = (batch["last_hidden"][mask] @ draft_head.T).log_softmax(-1)
+        hidden = model.ttt_hidden(batch["input_ids"], batch["features"], depth)
+        out = ttt_loss(model.logits, hidden, target_logp, mask, decay)
+        opt.zero_grad(set_to_none=True)
+        out.total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        report.record(epoch, int(batch["input_ids"].numel()), out, float(grad_norm), sched.get_last_lr()[0])
     model.eval()
     report.seconds = time.perf_counter() - start
     return report

@@ -86,6 +86,15 @@ def read_bytes(url: str) -> bytes:
     return fs.cat_file(path)
 
 
+def read_ranges(url: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    """Byte ranges `[start, end)` of one object; fsspec fetches them concurrently on object stores."""
+    if not ranges:
+        return []
+    fs, path = filesystem(url)
+    starts, ends = [r[0] for r in ranges], [r[1] for r in ranges]
+    return fs.cat_ranges([path] * len(ranges), starts, ends)
+
+
 def write_json(url: str, obj: Any) -> None:
     write_bytes(url, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 

@@ -202,6 +202,27 @@ class HFEngine:
         """Nothing to release: the weights stay in `load_target`'s per-process cache for later stages."""
 
 
+def _tap_module(layers: nn.ModuleList, k: int, tap_point: str) -> tuple[nn.Module, bool]:
+    """Where tap k is read: the output of layer k, or the input of layer k + 1's pre-norm.
+
+    In a plain pre-norm residual decoder the two are the same tensor. In a target whose layers do not read
+    a running residual sum (Kimi K3's attention residuals mix earlier layer outputs with a learned softmax
+    before each pre-norm), only `next_layer_input` is what the target itself computes with.
+    """
+    if tap_point == "layer_output":
+        return layers[k - 1], False
+    if tap_point != "next_layer_input":
+        raise ValueError(f"hidden_states.tap_point: expected 'layer_output' or 'next_layer_input', got {tap_point!r}")
+    consumer = layers[k]
+    norm = getattr(consumer, "input_layernorm", None)
+    if norm is None:
+        raise ValueError(
+            f"hidden_states.tap_point: next_layer_input needs `input_layernorm` on decoder layer {k} "
+            f"({type(consumer).__name__} has none)"
+        )
+    return norm, True
+
+
 class TapRecorder:
     """Forward hooks that keep the taps and the last hidden state of the most recent forward.
 
@@ -209,20 +230,38 @@ class TapRecorder:
     `engines.taps` (tap k = output of decoder layer k counting from 1) and are validated against the layer count.
     """
 
-    def __init__(self, model: PreTrainedModel, taps: Sequence[int], last_hidden: str = "post_norm") -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        taps: Sequence[int],
+        last_hidden: str = "post_norm",
+        tap_point: str = "layer_output",
+    ) -> None:
         _, layers, norm = decoder_parts(model)
         if last_hidden not in ("post_norm", "pre_norm"):
             raise ValueError(f"hidden_states.last_hidden: expected 'post_norm' or 'pre_norm', got {last_hidden!r}")
         self.taps = validate_taps(taps, len(layers))
-        self._modules = {f"tap{k}": layers[k - 1] for k in self.taps}
-        self._modules["last"] = norm if last_hidden == "post_norm" else layers[len(layers) - 1]
+        # name -> (module, True for a pre-hook on its input, False for a hook on its output)
+        self._modules: dict[str, tuple[nn.Module, bool]] = {}
+        for k in self.taps:
+            self._modules[f"tap{k}"] = _tap_module(layers, k, tap_point)
+        self._modules["last"] = (norm if last_hidden == "post_norm" else layers[len(layers) - 1], False)
         self._captured: dict[str, torch.Tensor] = {}
         self._handles: list = []
 
     def __enter__(self) -> "TapRecorder":
-        for name, module in self._modules.items():
-            self._handles.append(module.register_forward_hook(self._keep(name)))
+        for name, (module, on_input) in self._modules.items():
+            if on_input:
+                self._handles.append(module.register_forward_pre_hook(self._keep_input(name)))
+            else:
+                self._handles.append(module.register_forward_hook(self._keep(name)))
         return self
+
+    def _keep_input(self, name: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, args: tuple) -> None:
+            self._captured[name] = args[0]
+
+        return hook
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
@@ -256,10 +295,12 @@ def forward_with_taps(
     *,
     last_hidden: str = "post_norm",
     chunk_tokens: int | None = None,
+    tap_point: str = "layer_output",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the decoder (never the lm_head) and capture the residual stream at the taps.
 
-    Tap k is the output of decoder layer k counting from 1, i.e. HF `hidden_states[k]`. The last
+    Tap k is the output of decoder layer k counting from 1, i.e. HF `hidden_states[k]` (`tap_point`
+    `layer_output`), or what layer k + 1's input norm reads (`next_layer_input`, see `_tap_module`). The last
     hidden state is the final norm's output (`post_norm`) or the last layer's output (`pre_norm`).
 
     When `B * S` exceeds `chunk_tokens`, the sequence is prefilled in chunks of `chunk_tokens // B` positions
@@ -276,10 +317,16 @@ def forward_with_taps(
     """
     if chunk_tokens is not None and input_ids.numel() > chunk_tokens:
         return forward_with_taps_chunked(
-            model, input_ids, attention_mask, taps, last_hidden=last_hidden, chunk_tokens=chunk_tokens
+            model,
+            input_ids,
+            attention_mask,
+            taps,
+            last_hidden=last_hidden,
+            chunk_tokens=chunk_tokens,
+            tap_point=tap_point,
         )
     base, _, _ = decoder_parts(model)
-    with TapRecorder(model, taps, last_hidden) as rec:
+    with TapRecorder(model, taps, last_hidden, tap_point) as rec:
         base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return rec.taps_BSNH(), rec.last_BSH()
 
@@ -293,6 +340,7 @@ def forward_with_taps_chunked(
     *,
     last_hidden: str = "post_norm",
     chunk_tokens: int,
+    tap_point: str = "layer_output",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`forward_with_taps` as a chunked prefill: `chunk_tokens // B` positions per forward, through a KV cache.
 
@@ -313,7 +361,7 @@ def forward_with_taps_chunked(
     cache = DynamicCache(config=model.config)
     taps_parts: list[torch.Tensor] = []
     last_parts: list[torch.Tensor] = []
-    with TapRecorder(model, taps, last_hidden) as rec:
+    with TapRecorder(model, taps, last_hidden, tap_point) as rec:
         for start in range(0, seq, step):
             end = min(seq, start + step)
             base(input_ids=input_ids[:, start:end], attention_mask=attention_mask[:, :end], cache=cache, use_cache=True)

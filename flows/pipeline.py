@@ -26,7 +26,7 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
     tokens = tokenize_task(config.tokenize, config.target, conversations, run_dir)
     hidden = hidden_states_task(config.hidden_states, config.target, tokens, run_dir)
     checkpoint = train_task(
-        config.train, config.drafter, config.target, config.hidden_states, hidden, config.seed, run_dir
+        config.train, config.drafter, config.target, config.hidden_states, tokens, hidden, config.seed, run_dir
     )
     results = evaluate_task(config.evaluate, config.target, prompts, checkpoint, run_dir)
     return {

@@ -2,6 +2,7 @@
 
 import json
 import sys
+from collections.abc import Iterator
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
@@ -14,6 +15,9 @@ from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, T
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
+from tasks.hidden_states import token_samples
+from transport import offline_reader, sample
+from transport.offline_reader import OfflineDataset, PrefetchLoader
 
 STAGE = "train"
 
@@ -56,10 +60,26 @@ def build_drafter(
     return drafter
 
 
-def loss_token_counts(samples: list[data.TrainSample], vocab_size: int) -> torch.Tensor:
-    """How often each target id appears as a loss token `[V]`."""
-    ids = torch.cat([s.input_ids[s.loss_mask] for s in samples])
-    return torch.bincount(ids, minlength=vocab_size)
+def loss_token_counts(tokens: StageManifest, vocab_size: int) -> torch.Tensor:
+    """How often each target id appears as a loss token `[V]`, over the tokenized corpus."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in token_samples(tokens):
+        counts += torch.bincount(s["input_ids"][s["loss_mask"]], minlength=vocab_size)
+    return counts
+
+
+def offline_batches(
+    dataset: OfflineDataset, cfg: TrainConfig, seed: int
+) -> tuple[Iterator[tuple[int, list[data.TrainSample]]], int]:
+    """`(epoch, samples)` per step from the store through the prefetching loader, and the step count."""
+    plans = [data.length_grouped_batches(dataset.lengths, cfg.batch_tokens, seed=seed + e) for e in range(cfg.epochs)]
+
+    def gen() -> Iterator[tuple[int, list[data.TrainSample]]]:
+        for epoch, plan in enumerate(plans):
+            for samples in PrefetchLoader(dataset, plan, workers=cfg.loader_workers, prefetch=cfg.prefetch):
+                yield epoch, samples
+
+    return gen(), sum(len(p) for p in plans)
 
 
 def train(
@@ -67,13 +87,14 @@ def train(
     drafter_cfg: DrafterConfig,
     target: TargetConfig,
     hidden_cfg: HiddenStatesConfig,
+    tokens: StageManifest,
     hidden: StageManifest,
     *,
     seed: int,
     out_uri: str,
 ) -> StageManifest:
     """Write `model.safetensors`, `config.json` (vLLM eagle3 format) and `metrics.jsonl`."""
-    code = [sys.modules[__name__], data, trainer, vocab, export, loss, model]
+    code = [sys.modules[__name__], data, trainer, vocab, export, loss, model, offline_reader, sample]
     key = stage_key(
         STAGE,
         code,
@@ -81,38 +102,44 @@ def train(
         drafter=drafter_cfg,
         target=target,
         hidden_cfg=hidden_cfg,
+        tokens=tokens,
         hidden=hidden,
         seed=seed,
     )
 
     def compute(uri: str) -> StageResult:
-        samples = data.load_hidden_shards(hidden)
+        dataset = data.hidden_dataset(hidden)
         target_model, _ = hf.load_target(target)
         torch.manual_seed(seed)
-        drafter = build_drafter(
-            drafter_cfg,
-            target,
-            len(hidden_cfg.taps),
-            target_model,
-            loss_token_counts(samples, target.vocab_size),
-        )
+        counts_V = loss_token_counts(tokens, target.vocab_size)
+        drafter = build_drafter(drafter_cfg, target, len(hidden_cfg.taps), target_model, counts_V)
         head = target_model.get_output_embeddings().weight.detach().float()
+        batches, steps = offline_batches(dataset, cfg, seed)
         report = trainer.train_eagle3(
-            drafter, samples, head, cfg, depth=drafter_cfg.ttt_depth, decay=drafter_cfg.depth_decay, seed=seed
+            drafter, batches, steps, head, cfg, depth=drafter_cfg.ttt_depth, decay=drafter_cfg.depth_decay, seed=seed
         )
-        meta = {
-            "target": target.name,
-            "hidden_states_key": hidden.key,
-            "tap_convention": "residual after layer k, from 1",
-        }
-        blobs = export.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
-        blobs["metrics.jsonl"] = "".join(json.dumps(h) + "\n" for h in report.history).encode()
-        files = [file_entry(uri, name, blob) for name, blob in blobs.items()]
-        metrics = {k: round(v, 5) for k, v in report.final().items()} | {"tokens_per_s": report.tokens / report.seconds}
-        counts = {"steps": report.steps, "samples": len(samples), "padded_tokens": report.tokens}
-        return StageResult(files=files, counts=counts, metrics=metrics, info={"drafter": drafter_cfg.kind})
+        return _result(uri, drafter, report, target, hidden_cfg, hidden, len(dataset), drafter_cfg.kind)
 
     return run_stage(STAGE, out_uri, key, compute)
+
+
+def _result(
+    uri: str,
+    drafter: model.Eagle3Drafter,
+    report: trainer.TrainReport,
+    target: TargetConfig,
+    hidden_cfg: HiddenStatesConfig,
+    hidden: StageManifest,
+    num_samples: int,
+    kind: str,
+) -> StageResult:
+    meta = {"target": target.name, "hidden_states_key": hidden.key, "tap_convention": "residual after layer k, from 1"}
+    blobs = export.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
+    blobs["metrics.jsonl"] = "".join(json.dumps(h) + "\n" for h in report.history).encode()
+    files = [file_entry(uri, name, blob) for name, blob in blobs.items()]
+    metrics = {k: round(v, 5) for k, v in report.final().items()} | {"tokens_per_s": report.tokens / report.seconds}
+    counts = {"steps": report.steps, "samples": num_samples, "padded_tokens": report.tokens}
+    return StageResult(files=files, counts=counts, metrics=metrics, info={"drafter": kind})
 
 
 @stage_task("train", STAGE)
@@ -121,8 +148,9 @@ def train_task(
     drafter_cfg: DrafterConfig,
     target: TargetConfig,
     hidden_cfg: HiddenStatesConfig,
+    tokens: StageManifest,
     hidden: StageManifest,
     seed: int,
     run_dir: str,
 ) -> StageManifest:
-    return train(cfg, drafter_cfg, target, hidden_cfg, hidden, seed=seed, out_uri=storage.join(run_dir, STAGE))
+    return train(cfg, drafter_cfg, target, hidden_cfg, tokens, hidden, seed=seed, out_uri=storage.join(run_dir, STAGE))

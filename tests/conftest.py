@@ -53,6 +53,7 @@ def tiny_run(tiny_cfg, tmp_path_factory):
         c.drafter,
         c.target,
         c.hidden_states,
+        out["tokenize"],
         out["hidden_states"],
         seed=c.seed,
         out_uri=f"{run}/train",

@@ -1,5 +1,6 @@
 """Strict pipeline configuration, loaded from YAML recipes (see `deployments/recipes/`)."""
 
+from draftsmith.config.hidden_states import HiddenStatesConfig
 from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe
 from draftsmith.config.pipeline import PipelineConfig
 from draftsmith.config.regenerate import RegenerateConfig
@@ -7,7 +8,6 @@ from draftsmith.config.select import SelectConfig
 from draftsmith.config.stages import (
     DrafterConfig,
     EvaluateConfig,
-    HiddenStatesConfig,
     Resources,
     StorageConfig,
     TargetConfig,

@@ -5,12 +5,12 @@ import re
 from pydantic import Field, model_validator
 
 from draftsmith.config.base import StrictModel
+from draftsmith.config.hidden_states import HiddenStatesConfig
 from draftsmith.config.regenerate import RegenerateConfig
 from draftsmith.config.select import SelectConfig
 from draftsmith.config.stages import (
     DrafterConfig,
     EvaluateConfig,
-    HiddenStatesConfig,
     StorageConfig,
     TargetConfig,
     TrainConfig,

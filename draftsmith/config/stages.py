@@ -49,32 +49,6 @@ class StorageConfig(StrictModel):
     )
 
 
-class HiddenStatesConfig(StrictModel):
-    """Target forward that captures the residual stream at the taps, plus the final hidden state."""
-
-    taps: list[int] = Field(
-        min_length=1,
-        description="Tap k is the residual stream after decoder layer k, counting from 1 (HF hidden_states[k]).",
-    )
-    last_hidden: Literal["post_norm", "pre_norm"] = Field(
-        "post_norm", description="Capture point of the last hidden state (post final norm by default)."
-    )
-    batch_tokens: int = Field(4096, gt=0, description="Token budget of one forward micro-batch.")
-    shard_samples: int = Field(256, gt=0, description="Samples per safetensors shard.")
-    store_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Dtype on disk.")
-    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
-
-    @field_validator("taps")
-    @classmethod
-    def _taps_ascending_unique(cls, taps: list[int]) -> list[int]:
-        for i, tap in enumerate(taps):
-            if tap < 1:
-                raise ValueError(f"taps[{i}] = {tap}: taps count from 1 (the output of the first layer)")
-        if taps != sorted(set(taps)):
-            raise ValueError(f"taps {taps} must be strictly ascending")
-        return taps
-
-
 class DrafterConfig(StrictModel):
     """The EAGLE-3 drafter: one decoder layer over fused taps, a pruned vocabulary, TTT."""
 
@@ -111,6 +85,8 @@ class TrainConfig(StrictModel):
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
     batch_tokens: int = Field(4096, gt=0, description="Padded tokens per optimizer step.")
     threads: int = Field(2, ge=1, description="torch intra-op threads.")
+    loader_workers: int = Field(2, ge=1, description="Threads reading hidden-state batches ahead of the step.")
+    prefetch: int = Field(4, ge=1, description="Batches read ahead of the training step.")
     resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
 
 

@@ -1,11 +1,9 @@
 """Each stage function on the tiny recipe: real target, real files, resumable, and checked."""
 
-import json
-
 import pytest
 import torch
 
-from drafters.data import load_hidden_shards
+from drafters.data import hidden_dataset
 from drafters.eagle3.export import load_drafter
 from draftsmith import storage, tensorio
 from engines import hf
@@ -32,7 +30,8 @@ def test_tokenize_masks_exactly_the_assistant_turns(tiny_cfg, tiny_run, tiny_tar
 
 def test_hidden_states_match_a_manual_layer_by_layer_forward(tiny_cfg, tiny_run, tiny_target):
     model, _ = tiny_target
-    samples = load_hidden_shards(tiny_run["hidden_states"])
+    ds = hidden_dataset(tiny_run["hidden_states"])
+    samples = [ds[i] for i in range(3)]
     base, layers, norm = hf.decoder_parts(model)
     for s in samples[:3]:
         ids = s.input_ids[None]
@@ -64,17 +63,29 @@ def test_taps_equal_hf_hidden_states_bitwise_in_fp32(tiny_cfg, tiny_target):
     )
 
 
-def test_hidden_state_shards_have_index_and_dataset_json(tiny_cfg, tiny_run):
+def test_hidden_state_shards_have_index_and_dataset_json(tiny_cfg, tiny_run, tiny_target):
     m = tiny_run["hidden_states"]
     dataset = storage.read_json(m.path("dataset.json"))
     assert dataset["taps"] == tiny_cfg.hidden_states.taps and dataset["last_hidden"] == "post_norm"
+    assert dataset["tap_point"] == "layer_output" and dataset["codec"]["dtype"] == "bfloat16"
+    assert dataset["tokenizer_sha256"] == tiny_run["tokenize"].info["tokenizer_sha256"]
     index = storage.read_jsonl(m.path("index.jsonl"))
-    assert len(index) == m.counts["samples"]
-    tensors, meta = tensorio.loads(storage.read_bytes(m.path(index[0]["shard"])))
+    assert len(index) == m.counts["samples"] == dataset["samples"]
+    shards = {s["shard"]: s for s in dataset["shards"]}
+    for s in shards.values():  # the per-shard sha256 in dataset.json is the file's
+        assert storage.sha256(storage.read_bytes(m.path(s["shard"]))) == s["sha256"]
+    tensors, _ = tensorio.loads(storage.read_bytes(m.path(index[0]["shard"])))
     F = len(tiny_cfg.hidden_states.taps) * tiny_cfg.target.hidden_size
     assert tensors["hidden_states"].shape == (tensors["input_ids"].numel(), F)
     assert tensors["hidden_states"].dtype == torch.bfloat16
-    assert json.loads(meta["taps"]) == tiny_cfg.hidden_states.taps
+    tokens = [
+        s
+        for n in tiny_run["tokenize"].names("tokens-")
+        for s in read_token_shard(storage.read_bytes(tiny_run["tokenize"].path(n)))
+    ]
+    assert [r["id"] for r in index] == [s["id"] for s in tokens]
+    for row, tok in zip(index, tokens, strict=True):
+        assert row["length"] == len(tok["input_ids"]) and row["loss_tokens"] == int(tok["loss_mask"].sum())
 
 
 def test_train_writes_a_loadable_serving_checkpoint(tiny_cfg, tiny_run, tiny_target):

@@ -1,0 +1,170 @@
+"""Reading the offline store: one sample at a time by ranged reads, and a prefetching batch loader.
+
+A sample is rows `[start, start+length)` of each per-token tensor in its shard and rows
+`[last_start, last_start+last_length)` of the `last_*` tensors; in a safetensors file those rows are one
+contiguous byte range per tensor. Local shards are memory-mapped, so a read touches only those pages;
+remote shards (`s3://`) are fetched as byte ranges (fsspec `cat_ranges`, concurrent), never whole.
+"""
+
+import json
+import mmap
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from draftsmith import storage
+from transport.offline_store import DATASET, FORMAT_VERSION, INDEX, StoreInfo
+from transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, decode
+
+_DTYPES = {
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "U8": torch.uint8,
+}
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+
+    @property
+    def row_bytes(self) -> int:
+        n = 1
+        for d in self.shape[1:]:
+            n *= d
+        return n * self.dtype.itemsize
+
+
+class _Shard:
+    """One shard's header (read once) and its bytes: an mmap locally, ranged reads remotely."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._map: mmap.mmap | None = None
+        if storage.is_local(url):
+            with open(storage.local_path(url), "rb") as fh:
+                self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            head = self._map[:8]
+        else:
+            head = storage.read_ranges(url, [(0, 8)])[0]
+        n = int.from_bytes(head, "little")
+        header = json.loads(
+            self._map[8 : 8 + n] if self._map is not None else storage.read_ranges(url, [(8, 8 + n)])[0]
+        )
+        self.tensors = {
+            name: _Tensor(_DTYPES[t["dtype"]], tuple(t["shape"]), 8 + n + t["data_offsets"][0])
+            for name, t in header.items()
+            if name != "__metadata__"
+        }
+
+    def rows(self, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+        """`{tensor: rows [a, b)}` → the row slices, copied out of the file."""
+        names = list(spans)
+        ranges = []
+        for name in names:
+            t, (a, b) = self.tensors[name], spans[name]
+            ranges.append((t.begin + a * t.row_bytes, t.begin + b * t.row_bytes))
+        if self._map is not None:
+            blobs = [self._map[s:e] for s, e in ranges]
+        else:
+            blobs = storage.read_ranges(self.url, ranges)
+        out = {}
+        for name, blob, (a, b) in zip(names, blobs, (spans[n] for n in names), strict=True):
+            t = self.tensors[name]
+            flat = torch.frombuffer(bytearray(blob), dtype=t.dtype) if blob else torch.empty(0, dtype=t.dtype)
+            out[name] = flat.reshape((b - a, *t.shape[1:]))
+        return out
+
+
+class OfflineDataset:
+    """Map-style access to a finished store: `len`, `lengths`, `ids`, `[i] -> HiddenSample`."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        meta_url = storage.join(uri, DATASET)
+        if not storage.exists(meta_url):
+            raise FileNotFoundError(f"{meta_url}: no dataset.json; the hidden-state store is missing or unfinished")
+        self.meta = storage.read_json(meta_url)
+        if self.meta.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{meta_url}: store format version {self.meta.get('version')}, expected {FORMAT_VERSION}")
+        self.info = StoreInfo.from_json({k: v for k, v in self.meta.items() if k in StoreInfo.__dataclass_fields__})
+        self.index = storage.read_jsonl(storage.join(uri, INDEX))
+        self._shards: dict[str, _Shard] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [r["length"] for r in self.index]
+
+    @property
+    def ids(self) -> list[str]:
+        return [r["id"] for r in self.index]
+
+    def _shard(self, name: str) -> _Shard:
+        with self._lock:
+            if name not in self._shards:
+                self._shards[name] = _Shard(storage.join(self.uri, name))
+            return self._shards[name]
+
+    def wire(self, i: int) -> dict[str, torch.Tensor]:
+        """The stored tensors of sample i, exactly as written (`transport.sample.encode` output)."""
+        row = self.index[i]
+        shard = self._shard(row["shard"])
+        seq = (row["start"], row["start"] + row["length"])
+        last = (row["last_start"], row["last_start"] + row["last_length"])
+        spans = {n: seq for n in SEQ_TENSORS if n in shard.tensors}
+        spans |= {n: last for n in LAST_TENSORS if n in shard.tensors}
+        return shard.rows(spans)
+
+    def __getitem__(self, i: int) -> HiddenSample:
+        return decode(self.index[i]["id"], self.wire(i), self.info.codec)
+
+    def verify(self) -> None:
+        """Check every shard's size and sha256 against `dataset.json` (reads every byte)."""
+        for s in self.meta["shards"]:
+            data = storage.read_bytes(storage.join(self.uri, s["shard"]))
+            if len(data) != s["bytes"] or storage.sha256(data) != s["sha256"]:
+                raise ValueError(f"{storage.join(self.uri, s['shard'])}: size or sha256 differs from {DATASET}")
+
+
+class PrefetchLoader:
+    """Yield `[HiddenSample]` per batch of indices, reading up to `prefetch` batches ahead on `workers` threads.
+
+    Reads are I/O (S3) or page faults and copies (mmap), which release the GIL, so threads overlap them
+    with the training step.
+    """
+
+    def __init__(self, dataset: OfflineDataset, batches: Iterable[list[int]], *, workers: int = 2, prefetch: int = 4):
+        self.dataset, self.batches, self.workers, self.prefetch = dataset, batches, workers, max(1, prefetch)
+
+    def _load(self, batch: list[int]) -> list[HiddenSample]:
+        return [self.dataset[i] for i in batch]
+
+    def __iter__(self) -> Iterator[list[HiddenSample]]:
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="hidden-prefetch") as pool:
+            queue: deque[Future] = deque()
+            for batch in self.batches:
+                queue.append(pool.submit(self._load, batch))
+                if len(queue) >= self.prefetch:
+                    yield queue.popleft().result()
+            while queue:
+                yield queue.popleft().result()
+
+
+def local_file(uri: str, name: str) -> Path:
+    """Path of a store file when the store is local (benchmarks compare against raw reads of it)."""
+    return storage.local_path(storage.join(uri, name))
