@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -164,7 +163,3 @@ class PrefetchLoader:
             while queue:
                 yield queue.popleft().result()
 
-
-def local_file(uri: str, name: str) -> Path:
-    """Path of a store file when the store is local (benchmarks compare against raw reads of it)."""
-    return storage.local_path(storage.join(uri, name))

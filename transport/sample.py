@@ -129,18 +129,20 @@ def encode(sample: HiddenSample, codec: StoreCodec) -> dict[str, torch.Tensor]:
 def decode(sid: str, wire: dict[str, torch.Tensor], codec: StoreCodec) -> HiddenSample:
     """A `HiddenSample` from its wire tensors. fp8 is dequantized to fp32; bf16/fp32 stay as stored."""
     loss_mask = wire["loss_mask"].bool()
+    last = wire["last_hidden"]
+    rows = supervised_rows(loss_mask) if codec.positions == "supervised" else None
+    expected = len(loss_mask) if rows is None else int(rows.sum())
+    if last.shape[0] != expected:
+        what = "the loss mask supervises" if rows is not None else "the sample has"
+        raise ValueError(f"sample {sid}: {last.shape[0]} stored last_hidden rows but {what} {expected}")
     hidden = wire["hidden_states"]
     if codec.dtype == "fp8_e4m3":
+        for name, values in (("hidden_scales", hidden), ("last_scales", last)):
+            if wire[name].shape[0] != values.shape[0]:
+                raise ValueError(f"sample {sid}: {name} has {wire[name].shape[0]} rows for {values.shape[0]}")
         hidden = dequantize_fp8(hidden, wire["hidden_scales"])
-    last = wire["last_hidden"]
-    if codec.dtype == "fp8_e4m3":
         last = dequantize_fp8(last, wire["last_scales"])
-    if codec.positions == "supervised":
-        rows = supervised_rows(loss_mask)
-        if int(rows.sum()) != last.shape[0]:
-            raise ValueError(
-                f"sample {sid}: {last.shape[0]} stored last_hidden rows but the loss mask supervises {int(rows.sum())}"
-            )
+    if rows is not None:
         full = torch.zeros(len(loss_mask), last.shape[-1], dtype=last.dtype)
         full[rows] = last
         last = full

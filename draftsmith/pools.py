@@ -1,0 +1,177 @@
+"""Prefect work pools of the GPU stages: base job templates and the GPU concurrency limit.
+
+A stage's `resources.work_pool` names a Prefect work pool. Kubernetes pools keep their base job
+template in `deployments/work-pools/<pool>.json` (the shape `prefect work-pool create --type
+kubernetes --base-job-template FILE` accepts). Each GPU pool also gets a global concurrency limit
+named `gpu:<pool>` whose slots are GPUs, so GPU tasks can `concurrency("gpu:<pool>", occupy=n)`.
+"""
+
+import json
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+from prefect.utilities.templating import PlaceholderType, apply_values, find_placeholders
+
+WORK_POOLS_DIR = Path(__file__).resolve().parents[1] / "deployments" / "work-pools"
+# Global concurrency limits for GPUs are named `<GPU_CONCURRENCY_LIMIT>:<pool>`; one slot = one GPU.
+GPU_CONCURRENCY_LIMIT = "gpu"
+GPU_RESOURCE = "nvidia.com/gpu"
+SHM_PATH = "/dev/shm"
+# What the Prefect kubernetes worker insists on (its job-manifest validators reject anything else).
+_WORKER_CONTAINER_NAME = "prefect-job"
+_POD = "job_configuration.job_manifest.spec.template.spec"
+
+
+def pool_template_path(name: str) -> Path:
+    """`deployments/work-pools/<name>.json`, the base job template of work pool `name`."""
+    return WORK_POOLS_DIR / f"{name}.json"
+
+
+def load_base_job_template(name: str) -> dict[str, Any]:
+    """Read the base job template of work pool `name`; raises naming the file when it is absent or not JSON."""
+    path = pool_template_path(name)
+    if not path.is_file():
+        known = sorted(p.stem for p in WORK_POOLS_DIR.glob("*.json"))
+        raise FileNotFoundError(f"work pool {name!r}: no base job template at {path} (templates exist for {known})")
+    try:
+        template = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"work pool {name!r}: {path} is not valid JSON: {exc}") from exc
+    if not isinstance(template, dict):
+        raise ValueError(f"work pool {name!r}: {path} must hold a JSON object, got {type(template).__name__}")
+    return template
+
+
+def variable_defaults(template: dict[str, Any]) -> dict[str, Any]:
+    """The `default` of every variable that has a non-null one (what a worker starts from)."""
+    props = template.get("variables", {}).get("properties", {})
+    return {name: spec["default"] for name, spec in props.items() if spec.get("default") is not None}
+
+
+def render(template: dict[str, Any], values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The job configuration with variable defaults, overridden by `values`, substituted.
+
+    Prefect's own `apply_values` does the substitution, so the result is what a worker builds before
+    it adds the flow run's name, command and env. A field whose placeholder has no value is dropped.
+    """
+    merged = variable_defaults(template) | (values or {})
+    return apply_values(deepcopy(template["job_configuration"]), merged, remove_notset=True)
+
+
+def _placeholder_names(value: Any) -> set[str]:
+    """Names of the plain `{{ name }}` placeholders in `value` (not `prefect.variables.*`, blocks or `$ENV`)."""
+    return {p.name for p in find_placeholders(value) if p.type is PlaceholderType.STANDARD}
+
+
+def _undeclared_placeholders(job_config: dict[str, Any], props: dict[str, Any]) -> list[str]:
+    problems = []
+    for key, value in job_config.items():
+        for name in sorted(_placeholder_names(value) - props.keys()):
+            problems.append(f"job_configuration.{key}: placeholder {{{{ {name} }}}} has no variables.properties.{name}")
+    for name, spec in props.items():
+        if not isinstance(spec, dict) or not spec.get("description"):
+            problems.append(f"variables.properties.{name}: needs a description")
+    return problems
+
+
+def _single_placeholder(value: Any) -> str | None:
+    """The variable name if `value` is exactly one `{{ name }}` placeholder, else None."""
+    if not isinstance(value, str):
+        return None
+    found = [p for p in find_placeholders(value) if p.type is PlaceholderType.STANDARD]
+    return found[0].name if len(found) == 1 and found[0].full_match == value else None
+
+
+def _check_gpu_limit(container: dict[str, Any], props: dict[str, Any]) -> list[str]:
+    where = f"{_POD}.containers[0].resources.limits.{GPU_RESOURCE}"
+    limit = container.get("resources", {}).get("limits", {}).get(GPU_RESOURCE)
+    if limit is None:
+        return [f"{where}: missing; the pod would get no GPU"]
+    name = _single_placeholder(limit)
+    if name is None:
+        return [f"{where}: {limit!r} must be a single {{{{ variable }}}} placeholder, not a fixed value"]
+    spec = props.get(name, {})
+    if spec.get("type") != "integer" or not isinstance(spec.get("default"), int) or spec["default"] < 1:
+        return [f"variables.properties.{name}: the GPU count needs type integer and a default >= 1"]
+    return []
+
+
+def _check_shm(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") == SHM_PATH]
+    if not mounts:
+        return [f"{_POD}.containers[0].volumeMounts: nothing mounted at {SHM_PATH}"]
+    volumes = {v.get("name"): v for v in pod.get("volumes") or [] if isinstance(v, dict)}
+    volume = volumes.get(mounts[0].get("name"))
+    if volume is None:
+        return [f"{_POD}.volumes: no volume named {mounts[0].get('name')!r} for {SHM_PATH}"]
+    if (volume.get("emptyDir") or {}).get("medium") != "Memory":
+        return [f"{_POD}.volumes.{volume['name']}: {SHM_PATH} must be an emptyDir with medium Memory"]
+    return []
+
+
+def _check_manifest(job_config: dict[str, Any], props: dict[str, Any]) -> list[str]:
+    manifest = job_config.get("job_manifest")
+    if not isinstance(manifest, dict):
+        return ["job_configuration.job_manifest: missing (a kubernetes pool needs a Job manifest)"]
+    pod = manifest.get("spec", {}).get("template", {}).get("spec")
+    containers = (pod or {}).get("containers")
+    if not isinstance(pod, dict) or not isinstance(containers, list) or not containers:
+        return [f"{_POD}.containers: missing"]
+    problems = []
+    if manifest.get("apiVersion") != "batch/v1" or manifest.get("kind") != "Job":
+        problems.append("job_configuration.job_manifest: must be apiVersion batch/v1, kind Job")
+    if pod.get("restartPolicy") != "Never":
+        problems.append(f"{_POD}.restartPolicy: the kubernetes worker requires 'Never'")
+    if containers[0].get("name") != _WORKER_CONTAINER_NAME:
+        problems.append(f"{_POD}.containers[0].name: the kubernetes worker requires {_WORKER_CONTAINER_NAME!r}")
+    if not pod.get("nodeSelector"):
+        problems.append(f"{_POD}.nodeSelector: missing; GPU pods must be pinned to GPU nodes")
+    return problems + _check_gpu_limit(containers[0], props) + _check_shm(pod, containers[0])
+
+
+def validate_base_job_template(template: dict[str, Any]) -> list[str]:
+    """Problems with a GPU kubernetes base job template, each naming its field; empty when valid."""
+    job_config, variables = template.get("job_configuration"), template.get("variables")
+    if not isinstance(job_config, dict) or not isinstance(variables, dict):
+        return ["base job template: needs both a `job_configuration` and a `variables` object"]
+    props = variables.get("properties")
+    if not isinstance(props, dict):
+        return ["variables.properties: missing"]
+    return _undeclared_placeholders(job_config, props) + _check_manifest(job_config, props)
+
+
+def gpu_count_default(template: dict[str, Any]) -> int:
+    """Default GPUs per pod: the default of the variable templated into the `nvidia.com/gpu` limit."""
+    container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    name = _single_placeholder(container["resources"]["limits"][GPU_RESOURCE])
+    return int(template["variables"]["properties"][name]["default"])
+
+
+def gpu_limit_name(pool: str) -> str:
+    """Name of the global concurrency limit that counts the GPUs of `pool`."""
+    return f"{GPU_CONCURRENCY_LIMIT}:{pool}"
+
+
+def gpu_limit_commands(pool: str, gpus: int, *, gpus_per_run: int | None = None) -> list[list[str]]:
+    """The Prefect CLI commands that set up GPU pool `pool` holding `gpus` GPUs in all.
+
+    1. create the kubernetes work pool from `deployments/work-pools/<pool>.json` (it fails with
+       "already exists" on a second call: the caller decides whether that is fine);
+    2. cap the pool's concurrent flow runs at `gpus // gpus_per_run` (default: the template's gpu_count);
+    3. create the global concurrency limit `gpu:<pool>` with `gpus` slots, one per GPU.
+    """
+    template = load_base_job_template(pool)
+    problems = validate_base_job_template(template)
+    if problems:
+        raise ValueError(f"work pool {pool!r}: invalid base job template:\n  " + "\n  ".join(problems))
+    if gpus_per_run is None:
+        gpus_per_run = gpu_count_default(template)
+    if gpus_per_run < 1 or gpus < gpus_per_run or gpus % gpus_per_run:
+        raise ValueError(f"gpus ({gpus}) must be a positive multiple of gpus_per_run ({gpus_per_run})")
+    return [
+        ["prefect", "work-pool", "create", pool, "--type", "kubernetes"]
+        + ["--base-job-template", str(pool_template_path(pool))],
+        ["prefect", "work-pool", "set-concurrency-limit", pool, str(gpus // gpus_per_run)],
+        ["prefect", "gcl", "create", gpu_limit_name(pool), "--limit", str(gpus)],
+    ]
