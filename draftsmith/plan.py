@@ -1,9 +1,16 @@
 """`draftsmith plan`: what a recipe would run, where, and how much hidden-state data it would write."""
 
+import logging
+from dataclasses import dataclass
+
 from draftsmith import storage
 from draftsmith.config import PipelineConfig, Resources
+from draftsmith.manifest import StageManifest
+from draftsmith.stage import load_manifest
 from tasks.hidden_states import bytes_per_token
+from transport.sample import StoreCodec
 
+log = logging.getLogger(__name__)
 # A synthetic prompt renders to about this many tokens with the chat template; JSONL corpora vary.
 PROMPT_TOKENS_ESTIMATE = 64
 
@@ -16,6 +23,10 @@ def _human(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:,.1f}"
+
+
 def _where(r: Resources) -> str:
     return f"pool={r.work_pool} nodes={r.nodes} gpus/node={r.gpus} cpus={r.cpus} mem={r.memory_gb}GiB"
 
@@ -25,10 +36,64 @@ def estimate_tokens(cfg: PipelineConfig) -> int:
     return (cfg.select.num_prompts - cfg.select.num_eval) * per_sample
 
 
+@dataclass(frozen=True)
+class StoreSize:
+    """The hidden-state store's size: exact once the tokenize stage has run, else estimated."""
+
+    tokens: int
+    supervised_rows: int
+    samples: int
+    bytes: int
+    exact: bool
+
+    def bytes_per_token(self) -> float:
+        return self.bytes / max(1, self.tokens)
+
+
+def _finished_tokenize(run_dir: str) -> StageManifest | None:
+    """The run's finished tokenize manifest, or None (also when the run folder cannot be read: a dry run
+    on a laptop without the cluster's S3 credentials still prints the estimate)."""
+    try:
+        manifest = load_manifest(storage.join(run_dir, "tokenize"))
+        return manifest if manifest is not None and manifest.artifacts_present() else None
+    except Exception as e:  # noqa: BLE001 - any storage failure means "not known here"
+        log.info("plan: cannot read %s/tokenize (%s); estimating", run_dir, type(e).__name__)
+        return None
+
+
+def store_size(cfg: PipelineConfig, run_dir: str) -> StoreSize:
+    """Bytes of the shards' tensor data: taps, last hidden (every row, or the supervised ones), int32 ids,
+    uint8 mask, two int64 offsets per sample plus two per shard. Headers (under 1 KiB a shard) aside.
+
+    With a finished tokenize stage under `run_dir` the token and loss-token counts are the real ones, so the
+    figure is exact; otherwise they come from the recipe (`estimate_tokens`).
+    """
+    hs = cfg.hidden_states
+    codec = StoreCodec(dtype=hs.store_dtype, positions=hs.positions, num_taps=len(hs.taps))
+    manifest = _finished_tokenize(run_dir)
+    exact = manifest is not None
+    if exact:
+        tokens, samples, loss = manifest.counts["tokens"], manifest.counts["samples"], manifest.counts["loss_tokens"]
+    else:
+        samples = cfg.select.num_prompts - cfg.select.num_eval
+        tokens = estimate_tokens(cfg)
+        loss = tokens * cfg.regenerate.max_new_tokens // max(1, PROMPT_TOKENS_ESTIMATE + cfg.regenerate.max_new_tokens)
+    # A supervised row is one whose next token is a loss token: every loss token but one at position 0 (never).
+    rows = loss if hs.positions == "supervised" else tokens
+    H = cfg.target.hidden_size
+    shards = -(-samples // hs.shard_samples)  # each shard's two offset tensors have n + 1 entries
+    size = (
+        tokens * (codec.tap_bytes_per_token(H) + 4 + 1) + rows * codec.last_bytes_per_row(H) + (samples + shards) * 16
+    )
+    return StoreSize(tokens=tokens, supervised_rows=rows, samples=samples, bytes=int(size), exact=exact)
+
+
 def render_plan(cfg: PipelineConfig, run_dir: str) -> str:
     """A human-readable dry run: stages in order, their outputs, resources and the data estimate."""
-    tokens = estimate_tokens(cfg)
-    bpt = bytes_per_token(len(cfg.hidden_states.taps), cfg.target.hidden_size, cfg.hidden_states.store_dtype)
+    size = store_size(cfg, run_dir)
+    tokens = size.tokens
+    hs = cfg.hidden_states
+    bpt = bytes_per_token(len(hs.taps), cfg.target.hidden_size, hs.store_dtype)
     train_prompts = cfg.select.num_prompts - cfg.select.num_eval
     stages = [
         (
@@ -51,8 +116,9 @@ def render_plan(cfg: PipelineConfig, run_dir: str) -> str:
         (
             "hidden_states",
             cfg.hidden_states.resources,
-            f"taps {cfg.hidden_states.taps} + {cfg.hidden_states.last_hidden} last hidden, "
-            f"{cfg.hidden_states.store_dtype}: ~{tokens:,} tokens x {bpt:,} B = ~{_human(tokens * bpt)}",
+            f"{hs.engine} engine, taps {hs.taps} ({hs.tap_point}) + {hs.last_hidden} last hidden, "
+            f"{hs.store_dtype}/{hs.positions}: {'' if size.exact else '~'}{tokens:,} tokens = "
+            f"{'' if size.exact else '~'}{_human(size.bytes)}",
         ),
         (
             "train",
@@ -75,8 +141,12 @@ def render_plan(cfg: PipelineConfig, run_dir: str) -> str:
         lines.append(f"{i}. {name:<15} -> {storage.join(run_dir, name)}")
         lines.append(f"   {what}")
         lines.append(f"   {_where(res)}")
+    kind = "exact (from the finished tokenize stage)" if size.exact else "estimated from the recipe"
     lines.append(
-        f"hidden-state estimate: {_human(tokens * bpt)} ({bpt:,} bytes/token = "
-        f"({len(cfg.hidden_states.taps)} taps + last) x {cfg.target.hidden_size} x dtype + id + mask)"
+        f"hidden-state store: {size.bytes:,} bytes = {_human(size.bytes)}, {kind}: {tokens:,} tokens x "
+        f"{_num(bpt)} bytes/token (({len(hs.taps)} taps + last) x {cfg.target.hidden_size} x "
+        f"{hs.store_dtype} + 4-byte id + 1-byte mask"
+        + (f"; last hidden on {size.supervised_rows:,} supervised rows only" if hs.positions == "supervised" else "")
+        + ")"
     )
     return "\n".join(lines)

@@ -7,11 +7,15 @@ named `gpu:<pool>` whose slots are GPUs, so GPU tasks can `concurrency("gpu:<poo
 """
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
 from prefect.utilities.templating import PlaceholderType, apply_values, find_placeholders
+
+from draftsmith.config import Resources
 
 WORK_POOLS_DIR = Path(__file__).resolve().parents[1] / "deployments" / "work-pools"
 # Global concurrency limits for GPUs are named `<GPU_CONCURRENCY_LIMIT>:<pool>`; one slot = one GPU.
@@ -175,3 +179,20 @@ def gpu_limit_commands(pool: str, gpus: int, *, gpus_per_run: int | None = None)
         ["prefect", "work-pool", "set-concurrency-limit", pool, str(gpus // gpus_per_run)],
         ["prefect", "gcl", "create", gpu_limit_name(pool), "--limit", str(gpus)],
     ]
+
+
+@contextmanager
+def gpu_slots(resources: Resources) -> Iterator[None]:
+    """Hold `gpus * nodes` slots of the pool's `gpu:<pool>` limit while the block runs (none on CPU pools).
+
+    Strict: on a GPU pool whose limit was never created, this fails with Prefect's error instead of
+    silently oversubscribing the GPUs.
+    """
+    need = resources.gpus * resources.nodes
+    if need == 0:
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    with concurrency(gpu_limit_name(resources.work_pool), occupy=need, strict=True):
+        yield

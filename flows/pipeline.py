@@ -5,8 +5,8 @@ from prefect import flow
 from draftsmith import storage
 from draftsmith.config import PipelineConfig
 from draftsmith.manifest import StageManifest
+from flows.hidden_states import hidden_states_flow
 from tasks.evaluate import evaluate_task
-from tasks.hidden_states import hidden_states_task
 from tasks.regenerate import regenerate_task
 from tasks.select_prompts import select_prompts_task
 from tasks.tokenization import tokenize_task
@@ -24,7 +24,7 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
     prompts = select_prompts_task(config.select, config.target, config.seed, run_dir)
     conversations = regenerate_task(config.regenerate, config.target, prompts, config.seed, run_dir)
     tokens = tokenize_task(config.tokenize, config.target, conversations, run_dir)
-    hidden = hidden_states_task(config.hidden_states, config.target, tokens, run_dir)
+    hidden = hidden_states_flow(config, run_dir, tokens)
     checkpoint = train_task(
         config.train, config.drafter, config.target, config.hidden_states, tokens, hidden, config.seed, run_dir
     )

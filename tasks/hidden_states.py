@@ -15,7 +15,8 @@ from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest
-from draftsmith.stage import StageResult, run_stage, stage_key
+from draftsmith.pools import gpu_slots
+from draftsmith.stage import StageResult, load_manifest, run_stage, stage_key
 from engines import hf, hidden_capture
 from engines.taps import TAP_CONVENTION
 from tasks.tokenization import read_token_shard
@@ -99,8 +100,21 @@ def bytes_per_token(num_taps: int, hidden_size: int, store_dtype: str, supervise
     return codec.tap_bytes_per_token(hidden_size) + supervised_share * codec.last_bytes_per_row(hidden_size) + 5
 
 
+def finished_tokens(run_dir: str) -> StageManifest:
+    """The tokenize stage's manifest under `run_dir`, for a hidden-state run deployed on its own."""
+    url = storage.join(run_dir, "tokenize")
+    manifest = load_manifest(url)
+    if manifest is None or not manifest.artifacts_present():
+        raise FileNotFoundError(
+            f"{url}: no finished tokenize stage (manifest.json with all its shards); run the pipeline "
+            "through tokenize first, or pass `tokens`"
+        )
+    return manifest
+
+
 @stage_task("hidden-states", STAGE)
 def hidden_states_task(
     cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest, run_dir: str
 ) -> StageManifest:
-    return capture_hidden_states(cfg, target, tokens, out_uri=storage.join(run_dir, STAGE))
+    with gpu_slots(cfg.resources):
+        return capture_hidden_states(cfg, target, tokens, out_uri=storage.join(run_dir, STAGE))

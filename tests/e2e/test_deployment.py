@@ -177,6 +177,9 @@ def test_eagle3_deployment_runs_tiny_recipe_on_process_worker(prefect_server: Se
     main_recipe = yaml.safe_load((RECIPES / "smollm2-cpu-eagle3.yaml").read_text())
     assert deployment["parameters"]["config"] == main_recipe
     PipelineConfig.model_validate(deployment["parameters"]["config"])
+    subflow = _get(f"{server.api_url}/deployments/name/hidden-states/smollm2-cpu")
+    assert subflow["entrypoint"] == "flows/hidden_states.py:hidden_states_flow"
+    assert subflow["parameters"]["config"] == main_recipe
     # Flow runs start in the repository root: the pull step holds the absolute directory deploy ran in.
     pull_dirs = [
         step["prefect.deployments.steps.set_working_directory"]["directory"]

@@ -7,6 +7,7 @@ from prefect.client.orchestration import get_client
 from prefect.testing.utilities import prefect_test_harness
 
 from draftsmith import storage
+from flows.hidden_states import hidden_states_flow
 from flows.pipeline import kimi_k3
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -20,10 +21,15 @@ def harness():
 
 
 async def _task_states(flow_run_id) -> dict[str, str]:
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    """Task states of a flow run and of its subflow runs (hidden-states is one)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
     async with get_client() as client:
-        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        children = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+        )
+        ids = [flow_run_id, *(c.id for c in children)]
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
     return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
 
 
@@ -63,4 +69,13 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     fourth = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
     states = asyncio.run(_task_states(fourth.state_details.flow_run_id))
     assert states["evaluate"] == "Completed" and states["train"] == "Cached", states
+    assert states["hidden-states"] == "Cached", states
     assert storage.exists(storage.join(run_dir, "evaluate", "results.json"))
+
+    # The hidden-state subflow on its own (as its deployment runs it) finds the finished tokenize stage.
+    alone = hidden_states_flow(config=tiny_cfg, run_dir=run_dir, return_state=True)
+    assert alone.is_completed() and alone.result() == manifests["hidden_states"]
+    empty = hidden_states_flow(config=tiny_cfg, run_dir=str(tmp_path / "empty"), return_state=True)
+    assert empty.is_failed()
+    with pytest.raises(FileNotFoundError, match="no finished tokenize stage"):
+        empty.result()

@@ -118,3 +118,31 @@ def test_rerun_is_served_from_the_manifest(tiny_cfg, tiny_run):
 
     m = tokenize(tiny_cfg.tokenize, tiny_cfg.target, tiny_run["regenerate"], out_uri=tiny_run["tokenize"].uri)
     assert m == tiny_run["tokenize"]
+
+
+def _data_bytes(m) -> int:
+    total = 0
+    for name in m.names("shard-"):
+        blob = storage.read_bytes(m.path(name))
+        total += len(blob) - 8 - int.from_bytes(blob[:8], "little")  # the tensors, without the header
+    return total
+
+
+def test_plan_size_is_exact_once_tokens_exist(tiny_cfg, tiny_run, tmp_path):
+    from draftsmith.plan import render_plan, store_size
+    from tasks.hidden_states import capture_hidden_states
+
+    size = store_size(tiny_cfg, tiny_run["run_dir"])
+    assert size.exact and size.bytes == _data_bytes(tiny_run["hidden_states"])
+    assert "exact (from the finished tokenize stage)" in render_plan(tiny_cfg, tiny_run["run_dir"])
+    reduced = tiny_cfg.model_copy(
+        update={
+            "hidden_states": tiny_cfg.hidden_states.model_copy(
+                update={"store_dtype": "fp8_e4m3", "positions": "supervised", "shard_samples": 5}
+            )
+        }
+    )
+    m = capture_hidden_states(reduced.hidden_states, reduced.target, tiny_run["tokenize"], out_uri=str(tmp_path / "hs"))
+    size = store_size(reduced, tiny_run["run_dir"])
+    assert size.bytes == _data_bytes(m) < _data_bytes(tiny_run["hidden_states"]) * 0.6
+    assert size.supervised_rows == m.counts["loss_tokens"] < m.counts["tokens"]
