@@ -3,6 +3,8 @@
 Shape legend: S sequence, F = N*Ht fused taps, Ht target width, B batch.
 """
 
+from collections.abc import Iterable, Iterator
+
 import torch
 
 from draftsmith.batching import group_by_length
@@ -50,3 +52,32 @@ def collate(samples: list[TrainSample]) -> dict[str, torch.Tensor]:
         if s.in_draft is not None:
             out["in_draft"][row, :n] = s.in_draft
     return out
+
+
+def stream_batches(
+    samples: Iterable[TrainSample], budget: int, window: int, *, seed: int
+) -> Iterator[list[TrainSample]]:
+    """Length-grouped batches from a stream: every `window` arrivals are grouped like `length_grouped_batches`.
+
+    Memory stays at one window of samples; the grouping and its seeded order depend only on the lengths,
+    so `count_stream_batches` knows the step count before the first sample arrives.
+    """
+
+    def grouped(buf: list[TrainSample], k: int) -> Iterator[list[TrainSample]]:
+        for b in length_grouped_batches([len(x.input_ids) for x in buf], budget, seed=seed + k):
+            yield [buf[i] for i in b]
+
+    buf: list[TrainSample] = []
+    k = 0
+    for s in samples:
+        buf.append(s)
+        if len(buf) == window:
+            yield from grouped(buf, k)
+            buf, k = [], k + 1
+    if buf:
+        yield from grouped(buf, k)
+
+
+def count_stream_batches(lengths: list[int], budget: int, window: int) -> int:
+    """How many batches `stream_batches` makes of samples arriving with these lengths, in this order."""
+    return sum(len(group_by_length(lengths[i : i + window], budget)) for i in range(0, len(lengths), window))

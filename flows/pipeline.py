@@ -18,13 +18,14 @@ def default_run_dir(config: PipelineConfig) -> str:
 
 
 @flow(name="kimi-k3", flow_run_name="{config.name}", log_prints=True, validate_parameters=True)
-def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, StageManifest]:
+def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, StageManifest | None]:
     """Select prompts, regenerate, tokenize, capture hidden states, train and evaluate a drafter."""
     run_dir = run_dir or default_run_dir(config)
     prompts = select_prompts_task(config.select, config.target, config.seed, run_dir)
     conversations = regenerate_task(config.regenerate, config.target, prompts, config.seed, run_dir)
     tokens = tokenize_task(config.tokenize, config.target, conversations, run_dir)
-    hidden = hidden_states_flow(config, run_dir, tokens)
+    # Online, the training stage consumes the stream while its producers capture; nothing is stored.
+    hidden = hidden_states_flow(config, run_dir, tokens) if config.hidden_states.mode == "offline" else None
     checkpoint = train_task(
         config.train, config.drafter, config.target, config.hidden_states, tokens, hidden, config.seed, run_dir
     )

@@ -1,5 +1,6 @@
 """Stage 5: train the drafter on the captured hidden states and save a serving-format checkpoint."""
 
+import functools
 import json
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, T
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
+from tasks import hidden_stream
 from tasks.hidden_states import token_samples
+from tasks.hidden_stream import OnlineSource
 from transport import offline_reader, sample
 from transport.offline_reader import OfflineDataset, PrefetchLoader
 
@@ -82,43 +85,71 @@ def offline_batches(
     return gen(), sum(len(p) for p in plans)
 
 
+def online_batches(
+    source: OnlineSource, tokens: StageManifest, cfg: TrainConfig, hidden_cfg: HiddenStatesConfig, seed: int
+) -> tuple[Iterator[tuple[int, list[data.TrainSample]]], int]:
+    """`(epoch, samples)` per step as the stream delivers, and the step count (exact for one producer)."""
+    lengths = [len(s["input_ids"]) for s in token_samples(tokens)]
+    window = hidden_cfg.online.window_samples
+    per_epoch = data.count_stream_batches(lengths, cfg.batch_tokens, window)
+    per_epoch_samples = len(lengths)
+
+    def gen() -> Iterator[tuple[int, list[data.TrainSample]]]:
+        seen = 0
+        for batch in data.stream_batches(source.samples(), cfg.batch_tokens, window, seed=seed):
+            yield seen // max(1, per_epoch_samples), batch
+            seen += len(batch)
+
+    return gen(), per_epoch * cfg.epochs
+
+
 def train(
     cfg: TrainConfig,
     drafter_cfg: DrafterConfig,
     target: TargetConfig,
     hidden_cfg: HiddenStatesConfig,
     tokens: StageManifest,
-    hidden: StageManifest,
+    hidden: StageManifest | None,
     *,
     seed: int,
     out_uri: str,
 ) -> StageManifest:
-    """Write `model.safetensors`, `config.json` (vLLM eagle3 format) and `metrics.jsonl`."""
-    code = [sys.modules[__name__], data, trainer, vocab, export, loss, model, offline_reader, sample]
-    key = stage_key(
-        STAGE,
-        code,
-        cfg=cfg,
-        drafter=drafter_cfg,
-        target=target,
-        hidden_cfg=hidden_cfg,
-        tokens=tokens,
-        hidden=hidden,
-        seed=seed,
-    )
+    """Write `model.safetensors`, `config.json` (vLLM eagle3 format) and `metrics.jsonl`.
+
+    Offline (`hidden` is the store's manifest) batches come from the store through the prefetching loader;
+    online (`hidden` is None, `hidden_cfg.mode == "online"`) from the Mooncake stream, with the producers
+    capturing alongside.
+    """
+    if (hidden is None) != (hidden_cfg.mode == "online"):
+        raise ValueError(f"train: hidden_states.mode is {hidden_cfg.mode!r} but the store manifest is {hidden!r}")
+    code = [sys.modules[__name__], data, trainer, vocab, export, loss, model, offline_reader, sample, hidden_stream]
+    inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "hidden_cfg": hidden_cfg, "tokens": tokens}
+    key = stage_key(STAGE, code, **inputs, hidden=hidden, seed=seed)
 
     def compute(uri: str) -> StageResult:
-        dataset = data.hidden_dataset(hidden)
         target_model, _ = hf.load_target(target)
         torch.manual_seed(seed)
         counts_V = loss_token_counts(tokens, target.vocab_size)
         drafter = build_drafter(drafter_cfg, target, len(hidden_cfg.taps), target_model, counts_V)
         head = target_model.get_output_embeddings().weight.detach().float()
-        batches, steps = offline_batches(dataset, cfg, seed)
-        report = trainer.train_eagle3(
-            drafter, batches, steps, head, cfg, depth=drafter_cfg.ttt_depth, decay=drafter_cfg.depth_decay, seed=seed
+        fit = functools.partial(
+            trainer.train_eagle3,
+            drafter,
+            target_head_VH=head,
+            cfg=cfg,
+            depth=drafter_cfg.ttt_depth,
+            decay=drafter_cfg.depth_decay,
+            seed=seed,
         )
-        return _result(uri, drafter, report, target, hidden_cfg, hidden, len(dataset), drafter_cfg.kind)
+        if hidden is not None:
+            dataset = data.hidden_dataset(hidden)
+            report = fit(*offline_batches(dataset, cfg, seed))
+            num_samples, source = len(dataset), "offline"
+        else:
+            with OnlineSource(hidden_cfg, target, tokens, epochs=cfg.epochs, run_id=key[:12]) as online:
+                report = fit(*online_batches(online, tokens, cfg, hidden_cfg, seed))
+                num_samples, source = online.stream.consumed, "online"
+        return _result(uri, drafter, report, target, hidden_cfg, key, num_samples, drafter_cfg.kind, source)
 
     return run_stage(STAGE, out_uri, key, compute)
 
@@ -129,17 +160,18 @@ def _result(
     report: trainer.TrainReport,
     target: TargetConfig,
     hidden_cfg: HiddenStatesConfig,
-    hidden: StageManifest,
+    key: str,
     num_samples: int,
     kind: str,
+    source: str,
 ) -> StageResult:
-    meta = {"target": target.name, "hidden_states_key": hidden.key, "tap_convention": "residual after layer k, from 1"}
+    meta = {"target": target.name, "train_key": key, "tap_convention": "residual after layer k, from 1"}
     blobs = export.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
     blobs["metrics.jsonl"] = "".join(json.dumps(h) + "\n" for h in report.history).encode()
     files = [file_entry(uri, name, blob) for name, blob in blobs.items()]
     metrics = {k: round(v, 5) for k, v in report.final().items()} | {"tokens_per_s": report.tokens / report.seconds}
     counts = {"steps": report.steps, "samples": num_samples, "padded_tokens": report.tokens}
-    return StageResult(files=files, counts=counts, metrics=metrics, info={"drafter": kind})
+    return StageResult(files=files, counts=counts, metrics=metrics, info={"drafter": kind, "hidden_states": source})
 
 
 @stage_task("train", STAGE)
@@ -149,7 +181,7 @@ def train_task(
     target: TargetConfig,
     hidden_cfg: HiddenStatesConfig,
     tokens: StageManifest,
-    hidden: StageManifest,
+    hidden: StageManifest | None,
     seed: int,
     run_dir: str,
 ) -> StageManifest:

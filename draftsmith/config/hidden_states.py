@@ -2,11 +2,43 @@
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from draftsmith.config.base import StrictModel
 from draftsmith.config.regenerate import VLLMOfflineConfig
 from draftsmith.config.stages import Resources
+
+
+class OnlineConfig(StrictModel):
+    """Online mode: hidden states stream through a Mooncake store into the trainer; nothing is stored."""
+
+    master_addr: str | None = Field(
+        None,
+        description="`host:port` of a running mooncake_master (with `metadata_url`). None: the training stage "
+        "starts one on free loopback ports for the run and stops it afterwards.",
+    )
+    metadata_url: str | None = Field(None, description="Mooncake HTTP metadata URL of `master_addr`.")
+    protocol: Literal["tcp", "rdma"] = Field("tcp", description="Mooncake transfer protocol.")
+    device: str = Field("", description="RDMA device names for protocol rdma (empty for tcp).")
+    local_hostname: str = Field("127.0.0.1", description="Address this node's Mooncake client advertises.")
+    segment_mb: int = Field(
+        512, gt=0, description="Memory the trainer lends the store: the bound producers back off against."
+    )
+    queue_addr: str = Field(
+        "127.0.0.1:0", description="`host:port` the trainer's metadata queue listens on (0: any free port)."
+    )
+    producers: Literal["local", "external"] = Field(
+        "local",
+        description="`local`: the training stage starts the producer processes itself. `external`: producers "
+        "run elsewhere (the `hidden-states` flow in online mode, on the GPU pool) and connect to queue_addr.",
+    )
+    num_producers: int = Field(1, ge=1, description="Producer processes (each takes every n-th sample).")
+    peer_timeout_s: float = Field(
+        300.0, gt=0, description="A producer silent this long (no sample, no heartbeat) fails the run."
+    )
+    window_samples: int = Field(
+        64, gt=0, description="Arriving samples grouped into length-sorted batches at a time (bounds memory)."
+    )
 
 
 class HiddenStatesConfig(StrictModel):
@@ -44,7 +76,25 @@ class HiddenStatesConfig(StrictModel):
         description="`supervised` keeps the last hidden state only at rows whose next token is a loss token "
         "(the only rows any drafter loss reads); taps stay at every position, as attention context.",
     )
+    mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="`offline`: capture into the store, then train from it. `online`: stream through Mooncake "
+        "while training runs alongside (each epoch re-captures; no disk).",
+    )
+    online: OnlineConfig = Field(default_factory=OnlineConfig, description="Mooncake streaming, for mode online.")
     resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
+
+    @model_validator(mode="after")
+    def _online_addresses(self) -> "HiddenStatesConfig":
+        o = self.online
+        if (o.master_addr is None) != (o.metadata_url is None):
+            raise ValueError("hidden_states.online.metadata_url: set together with master_addr (or neither)")
+        if o.producers == "external" and (o.master_addr is None or o.queue_addr.endswith(":0")):
+            raise ValueError(
+                "hidden_states.online.producers: external producers need a fixed master_addr/metadata_url "
+                "and a fixed queue_addr port to connect to"
+            )
+        return self
 
     @field_validator("taps")
     @classmethod

@@ -79,3 +79,15 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     assert empty.is_failed()
     with pytest.raises(FileNotFoundError, match="no finished tokenize stage"):
         empty.result()
+
+    # Online mode: no store; training consumes the Mooncake stream its producer fills alongside.
+    online_hs = tiny_cfg.hidden_states.model_copy(update={"mode": "online"})
+    online = kimi_k3(
+        config=tiny_cfg.model_copy(update={"hidden_states": online_hs}), run_dir=run_dir, return_state=True
+    )
+    assert online.is_completed(), online
+    got = online.result()
+    assert got["hidden_states"] is None and got["tokenize"] == manifests["tokenize"]
+    assert got["train"].info["hidden_states"] == "online"
+    assert got["train"].counts["samples"] == tiny_cfg.train.epochs * manifests["tokenize"].counts["samples"]
+    assert storage.read_json(got["evaluate"].path("results.json"))["mismatched_outputs"] == 0
