@@ -47,6 +47,12 @@ class PipelineConfig(StrictModel):
                     f"hidden_states.taps[{i}]: tap {tap} must be below target.num_layers ({layers}); "
                     "the last layer's output is captured separately as the last hidden state"
                 )
+        hs = self.hidden_states
+        if hs.engine == "vllm" and hs.vllm.max_model_len <= self.tokenize.max_length:
+            raise ValueError(
+                f"hidden_states.vllm.max_model_len: {hs.vllm.max_model_len} leaves no room for the token vLLM "
+                f"generates after a tokenize.max_length ({self.tokenize.max_length}) sample"
+            )
         if self.select.num_eval >= self.select.num_prompts:
             raise ValueError(
                 f"select.num_eval: {self.select.num_eval} held-out prompts leave none of "

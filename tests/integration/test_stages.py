@@ -146,3 +146,17 @@ def test_plan_size_is_exact_once_tokens_exist(tiny_cfg, tiny_run, tmp_path):
     size = store_size(reduced, tiny_run["run_dir"])
     assert size.bytes == _data_bytes(m) < _data_bytes(tiny_run["hidden_states"]) * 0.6
     assert size.supervised_rows == m.counts["loss_tokens"] < m.counts["tokens"]
+
+
+def test_a_supervised_rows_store_trains_the_same_drafter(tiny_cfg, tiny_run, tmp_path):
+    """Keeping the last hidden state only where a loss reads it loses nothing: the drafter is bitwise the same."""
+    from tasks.hidden_states import capture_hidden_states
+    from tasks.train import train
+
+    c = tiny_cfg
+    hs = c.hidden_states.model_copy(update={"positions": "supervised"})
+    m = capture_hidden_states(hs, c.target, tiny_run["tokenize"], out_uri=str(tmp_path / "hs"))
+    assert m.counts["bytes"] < tiny_run["hidden_states"].counts["bytes"]
+    t = train(c.train, c.drafter, c.target, hs, tiny_run["tokenize"], m, seed=c.seed, out_uri=str(tmp_path / "train"))
+    want = {f.name: f.sha256 for f in tiny_run["train"].files}
+    assert {f.name: f.sha256 for f in t.files}["model.safetensors"] == want["model.safetensors"]

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from drafters.data import length_grouped_batches
+from drafters.data import count_stream_batches, length_grouped_batches, stream_batches
 from draftsmith.batching import group_by_length
 
 pytestmark = pytest.mark.unit
@@ -31,3 +31,22 @@ def test_training_order_is_a_seeded_permutation_of_the_same_batches():
     a = length_grouped_batches(lengths, 1024, seed=3)
     assert a == length_grouped_batches(lengths, 1024, seed=3)
     assert sorted(map(tuple, a)) == sorted(map(tuple, group_by_length(lengths, 1024)))
+
+
+def test_stream_batches_group_each_window_and_are_counted_ahead():
+    from types import SimpleNamespace
+
+    import torch
+
+    rng = random.Random(7)
+    lengths = [rng.randint(1, 90) for _ in range(103)]
+    samples = [SimpleNamespace(input_ids=torch.zeros(n), n=i) for i, n in enumerate(lengths)]
+    batches = list(stream_batches(iter(samples), 256, 20, seed=3))
+    assert len(batches) == count_stream_batches(lengths, 256, 20)
+    assert sorted(s.n for b in batches for s in b) == list(range(103))
+    for b in batches:
+        assert len(b) * max(len(s.input_ids) for s in b) <= 256 or len(b) == 1
+        assert len({s.n // 20 for s in b}) == 1  # a batch never mixes windows
+    # With the whole stream as one window the batches are the offline ones (same seed, same order).
+    whole = [[s.n for s in b] for b in stream_batches(iter(samples), 256, 103, seed=3)]
+    assert whole == length_grouped_batches(lengths, 256, seed=3)

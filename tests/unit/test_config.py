@@ -59,6 +59,16 @@ def test_shipped_recipes_validate(name):
             "drafter.num_kv_heads: num_kv_heads (3) must divide num_heads (4)",
         ),
         (lambda d: d.pop("target"), "target: Field required"),
+        (
+            lambda d: d["hidden_states"].update(mode="online", online={"producers": "external"}),
+            "hidden_states.online.producers: external producers need a fixed master_addr",
+        ),
+        (
+            lambda d: d["hidden_states"].update(online={"master_addr": "10.0.0.1:50051"}),
+            "hidden_states.online.metadata_url: set together with master_addr",
+        ),
+        (lambda d: d["hidden_states"].update(store_dtype="fp4"), "hidden_states.store_dtype: Input should be"),
+        (lambda d: d["hidden_states"].update(tap_point="mlp"), "hidden_states.tap_point: Input should be"),
     ],
     ids=[
         "unknown-key",
@@ -68,6 +78,10 @@ def test_shipped_recipes_validate(name):
         "tap-zero",
         "gqa",
         "missing-section",
+        "external-producers-without-addresses",
+        "master-without-metadata",
+        "bad-store-dtype",
+        "bad-tap-point",
     ],
 )
 def test_bad_recipe_names_the_field(tmp_path, mutate, expected):
