@@ -162,4 +162,3 @@ class PrefetchLoader:
                     yield queue.popleft().result()
             while queue:
                 yield queue.popleft().result()
-
