@@ -4,91 +4,22 @@
 """
 
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from draftsmith.config import PipelineConfig
+from tests.e2e.prefect_server import PREFECT, ROOT, Server, get_json, stop, tail
 
-ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 RECIPES = ROOT / "deployments" / "recipes"
-# The venv's executable, not whatever `prefect` is first on PATH. No resolve(): that would leave the venv.
-PREFECT = Path(sys.executable).parent / "prefect"
-HOST = "127.0.0.1"
-HEALTH_TIMEOUT_S = 90
 WORKER_TIMEOUT_S = 420
-# Loopback requests never go through a proxy, whatever the environment says.
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@dataclass
-class Server:
-    api_url: str
-    env: dict[str, str]
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _env(home: Path, api_url: str) -> dict[str, str]:
-    """The caller's environment minus any Prefect settings of its own, plus a private server's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        PREFECT_HOME=str(home),
-        PREFECT_API_URL=api_url,
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        DO_NOT_TRACK="1",
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        NO_PROXY=",".join(filter(None, [HOST, env.get("NO_PROXY")])),
-        no_proxy=",".join(filter(None, [HOST, env.get("no_proxy")])),
-    )
-    return env
-
-
-def _get(url: str, timeout: float = 10) -> dict:
-    with _HTTP.open(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def _tail(path: Path, chars: int = 12_000) -> str:
-    text = path.read_text(errors="replace") if path.exists() else "<no output>"
-    return text[-chars:]
-
-
-def _stop(proc: subprocess.Popen, sigterms: int, wait_s: float = 20) -> None:
-    """SIGTERM `proc` by PID (a worker ignores the first one, so it gets two), then SIGKILL if needed."""
-    for _ in range(sigterms):
-        if proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=wait_s)
 
 
 def _cli(server: Server, *args: str, timeout: float = 180) -> str:
@@ -104,42 +35,6 @@ def _cli(server: Server, *args: str, timeout: float = 180) -> str:
     out = res.stdout + res.stderr
     assert res.returncode == 0, f"`prefect {' '.join(args[:3])} ...` exited {res.returncode}:\n{out}"
     return out
-
-
-@pytest.fixture
-def prefect_server(tmp_path: Path) -> Iterator[Server]:
-    port = _free_port()
-    api_url = f"http://{HOST}:{port}/api"
-    (home := tmp_path / "prefect-home").mkdir()
-    env = _env(home, api_url)
-    log = tmp_path / "server.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [str(PREFECT), "server", "start", "--host", HOST, "--port", str(port), "--no-ui"],
-            cwd=tmp_path,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        t0 = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prefect server exited {proc.returncode}:\n{_tail(log)}")
-            try:
-                if _get(f"{api_url}/health", timeout=2) is True:
-                    break
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() - t0 > HEALTH_TIMEOUT_S:
-                pytest.fail(f"prefect server not healthy after {HEALTH_TIMEOUT_S} s:\n{_tail(log)}")
-            time.sleep(0.5)
-        print(f"\nprefect server healthy on {api_url} after {time.monotonic() - t0:.1f} s")
-        yield Server(api_url=api_url, env=env, log=log)
-    finally:
-        _stop(proc, sigterms=1)
 
 
 def _run_worker(server: Server, log: Path, cwd: Path) -> int:
@@ -160,7 +55,7 @@ def _run_worker(server: Server, log: Path, cwd: Path) -> int:
     except subprocess.TimeoutExpired:
         return -1
     finally:
-        _stop(proc, sigterms=2)
+        stop(proc, sigterms=2)
 
 
 @pytest.mark.timeout(600)
@@ -171,13 +66,13 @@ def test_eagle3_deployment_runs_tiny_recipe_on_process_worker(prefect_server: Se
     _cli(server, "work-pool", "create", "local-cpu", "--type", "process")
     _cli(server, "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE.relative_to(ROOT)))
 
-    deployment = _get(f"{server.api_url}/deployments/name/kimi-k3/eagle3")
+    deployment = get_json(f"{server.api_url}/deployments/name/kimi-k3/eagle3")
     assert deployment["entrypoint"] == "flows/pipeline.py:kimi_k3"
     # The default config is the main recipe, verbatim and valid.
     main_recipe = yaml.safe_load((RECIPES / "smollm2-cpu-eagle3.yaml").read_text())
     assert deployment["parameters"]["config"] == main_recipe
     PipelineConfig.model_validate(deployment["parameters"]["config"])
-    subflow = _get(f"{server.api_url}/deployments/name/hidden-states/smollm2-cpu")
+    subflow = get_json(f"{server.api_url}/deployments/name/hidden-states/smollm2-cpu")
     assert subflow["entrypoint"] == "flows/hidden_states.py:hidden_states_flow"
     assert subflow["parameters"]["config"] == main_recipe
     # Flow runs start in the repository root: the pull step holds the absolute directory deploy ran in.
@@ -203,11 +98,11 @@ def test_eagle3_deployment_runs_tiny_recipe_on_process_worker(prefect_server: Se
     (worker_cwd := tmp_path / "worker-cwd").mkdir()
     t1 = time.monotonic()
     worker_rc = _run_worker(server, worker_log, worker_cwd)
-    worker_out = _tail(worker_log)
+    worker_out = tail(worker_log)
     # Shown by pytest whenever the test fails (and always with -s).
     print(f"worker exited {worker_rc} after {time.monotonic() - t1:.1f} s; output:\n{worker_out}")
 
-    flow_run = _get(f"{server.api_url}/flow_runs/{flow_run_id}")
+    flow_run = get_json(f"{server.api_url}/flow_runs/{flow_run_id}")
     state = flow_run["state"] or {}
     assert (state.get("type"), state.get("name")) == ("COMPLETED", "Completed"), (
         f"flow run {flow_run_id} ended {state.get('type')}/{state.get('name')}: {state.get('message')}\n"

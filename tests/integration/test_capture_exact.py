@@ -7,7 +7,7 @@ import torch
 
 from draftsmith.batching import group_by_length
 from engines import hf
-from tasks.hidden_states import capture_samples
+from engines.hidden_capture import HFCapture
 
 pytestmark = pytest.mark.integration
 
@@ -88,13 +88,18 @@ def test_capture_samples_equals_manual_forward_and_bounds_long_samples(tiny_cfg,
     cfg = tiny_cfg.hidden_states.model_copy(update={"batch_tokens": budget, "store_dtype": "float32"})
     lengths = [9, 90, 14, 7, 16]  # 90 > budget: chunked; the rest share right-padded batches
     ids, mask = _right_padded(lengths, tok.pad_token_id)
-    samples = [{"input_ids": ids[row, :n]} for row, n in enumerate(lengths)]
+    samples = [
+        {"id": str(row), "input_ids": ids[row, :n], "loss_mask": torch.ones(n, dtype=torch.bool)}
+        for row, n in enumerate(lengths)
+    ]
+    engine = HFCapture(cfg, tiny_cfg.target)
+    assert engine.model is model  # the per-process cache: the hooks below watch the engine's model
     with _largest_output(model) as seen:
-        captured = capture_samples(model, samples, cfg, tok.pad_token_id)
+        captured = [(s.hidden_states, s.last_hidden) for s in engine.capture(samples)]
     width = max(model.config.intermediate_size, model.config.hidden_size)
     assert seen["numel"] <= budget * width  # no activation beyond the token budget
     for batch in group_by_length(lengths, budget):
-        # The reference is the same right-padded batch capture_samples forms, run by hand.
+        # The reference is the same right-padded batch the engine forms, run by hand.
         width = lengths[batch[0]]
         b_ids, b_mask = ids[batch, :width], mask[batch, :width]
         manual = _manual_forward(model, b_ids, b_mask)
@@ -132,3 +137,15 @@ def test_recorder_rejects_taps_outside_the_target(tiny_target):
         hf.TapRecorder(model, [1, 4])
     with pytest.raises(ValueError, match=r"^hidden_states\.last_hidden: expected"):
         hf.TapRecorder(model, [1], last_hidden="post-norm")
+
+
+def test_next_layer_input_is_the_layer_output_in_a_residual_decoder(tiny_cfg, tiny_target):
+    """The pre-hook on layer k+1's input norm reads the very tensor layer k returned (Kimi K3 differs)."""
+    model, tok = tiny_target
+    ids, mask = _right_padded(LENGTHS, tok.pad_token_id)
+    taps = tiny_cfg.hidden_states.taps
+    out = hf.forward_with_taps(model, ids, mask, taps)
+    nxt = hf.forward_with_taps(model, ids, mask, taps, tap_point="next_layer_input")
+    assert torch.equal(out[0], nxt[0]) and torch.equal(out[1], nxt[1])
+    with pytest.raises(ValueError, match="hidden_states.tap_point: expected"):
+        hf.forward_with_taps(model, ids, mask, taps, tap_point="attn_out")
