@@ -160,3 +160,33 @@ def test_a_supervised_rows_store_trains_the_same_drafter(tiny_cfg, tiny_run, tmp
     t = train(c.train, c.drafter, c.target, hs, tiny_run["tokenize"], m, seed=c.seed, out_uri=str(tmp_path / "train"))
     want = {f.name: f.sha256 for f in tiny_run["train"].files}
     assert {f.name: f.sha256 for f in t.files}["model.safetensors"] == want["model.safetensors"]
+
+
+def test_a_crashed_capture_resumes_after_its_committed_shards(tiny_cfg, tiny_run, tmp_path, monkeypatch):
+    from engines.hidden_capture import HFCapture
+    from tasks.hidden_states import capture_hidden_states
+    from transport.offline_store import ShardWriter
+
+    c, uri = tiny_cfg, str(tmp_path / "hs")
+    captured = []
+    real_capture, real_add = HFCapture.capture, ShardWriter.add
+
+    def counting(self, samples):
+        captured.extend(s["id"] for s in samples)
+        return real_capture(self, samples)
+
+    def crash_after_one_shard(self, sample):
+        if len(self.commits) == 1:
+            raise RuntimeError("simulated crash")
+        real_add(self, sample)
+
+    monkeypatch.setattr(HFCapture, "capture", counting)
+    monkeypatch.setattr(ShardWriter, "add", crash_after_one_shard)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        capture_hidden_states(c.hidden_states, c.target, tiny_run["tokenize"], out_uri=uri)
+    monkeypatch.setattr(ShardWriter, "add", real_add)
+    captured.clear()
+    m = capture_hidden_states(c.hidden_states, c.target, tiny_run["tokenize"], out_uri=uri)
+    shard = c.hidden_states.shard_samples
+    assert len(captured) == m.counts["samples"] - shard  # the committed shard was not captured again
+    assert [(f.name, f.sha256) for f in m.files] == [(f.name, f.sha256) for f in tiny_run["hidden_states"].files]
