@@ -31,7 +31,7 @@ from transport.sample import HiddenSample, StoreCodec
 RECIPE = Path(__file__).resolve().parents[1] / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
 
 
-def best_of(fn, repeats: int = 3) -> float:
+def best_of(fn, repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

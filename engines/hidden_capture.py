@@ -68,7 +68,7 @@ class HFCapture:
             )
             for row, i in enumerate(batch):
                 n = len(samples[i]["input_ids"])
-                out[i] = _sample(samples[i], taps_BSNH[row, :n].clone(), last_BSH[row, :n].clone())
+                out[i] = _sample(samples[i], taps_BSNH[row, :n], last_BSH[row, :n])  # views: encode copies
         return [o for o in out if o is not None]
 
     def close(self) -> None:
@@ -115,13 +115,19 @@ def make_capture(cfg: HiddenStatesConfig, target: TargetConfig) -> HiddenCapture
     return HFCapture(cfg, target)
 
 
-def capture_stream(engine: HiddenCapture, samples: Iterable[dict], window: int) -> Iterator[HiddenSample]:
-    """Captured samples in input order, `window` token samples per engine call (batches form inside it)."""
+def capture_stream(engine: HiddenCapture, samples: Iterable[dict], window_tokens: int) -> Iterator[HiddenSample]:
+    """Captured samples in input order, one engine call per window of about `window_tokens` tokens.
+
+    The window bounds what is held in the compute dtype at once (the callers encode each sample as it
+    comes); within it the engine groups samples by length, so a wider window pads less.
+    """
     buf: list[dict] = []
+    tokens = 0
     for s in samples:
         buf.append(s)
-        if len(buf) == window:
+        tokens += len(s["input_ids"])
+        if tokens >= window_tokens:
             yield from engine.capture(buf)
-            buf = []
+            buf, tokens = [], 0
     if buf:
         yield from engine.capture(buf)

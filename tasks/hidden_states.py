@@ -32,6 +32,12 @@ def codec_of(cfg: HiddenStatesConfig) -> StoreCodec:
     return StoreCodec(dtype=cfg.store_dtype, positions=cfg.positions, num_taps=len(cfg.taps))
 
 
+def window_tokens(cfg: HiddenStatesConfig) -> int:
+    """Tokens handed to the capture engine at once: two forward budgets, so length grouping has choice
+    while the captures held in the compute dtype stay bounded (samples are encoded as they come)."""
+    return 2 * cfg.batch_tokens
+
+
 def store_info(cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest) -> StoreInfo:
     """What `dataset.json` records about the capture."""
     return StoreInfo(
@@ -70,7 +76,7 @@ def capture_hidden_states(
         if first is not None:  # start the engine (vLLM takes minutes) only when there is work left
             engine = hidden_capture.make_capture(cfg, target)
             try:
-                stream = hidden_capture.capture_stream(engine, itertools.chain([first], rest), cfg.shard_samples)
+                stream = hidden_capture.capture_stream(engine, itertools.chain([first], rest), window_tokens(cfg))
                 for s in stream:
                     writer.add(s)
             finally:

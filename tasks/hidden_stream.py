@@ -26,7 +26,7 @@ from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import StageManifest
 from draftsmith.pools import gpu_slots
 from engines import hidden_capture
-from tasks.hidden_states import codec_of, token_samples
+from tasks.hidden_states import codec_of, token_samples, window_tokens
 from transport.mooncake_store import MooncakeMaster, MooncakeSettings, stop_process
 from transport.mooncake_stream import MooncakeProducer, MooncakeStream, StreamError
 from transport.sample import HiddenSample
@@ -62,7 +62,7 @@ def produce(spec: ProducerSpec) -> int:
         with MooncakeProducer(settings, spec.queue, codec_of(cfg), spec.run_id, producer_id=name) as producer:
             for _ in range(spec.epochs):
                 mine = (s for i, s in enumerate(token_samples(tokens)) if i % spec.count == spec.index)
-                for sample in hidden_capture.capture_stream(engine, mine, cfg.shard_samples):
+                for sample in hidden_capture.capture_stream(engine, mine, window_tokens(cfg)):
                     producer.put(sample)
                     n += 1
     finally:

@@ -20,6 +20,8 @@ from draftsmith import storage
 from transport.offline_store import DATASET, FORMAT_VERSION, INDEX, StoreInfo
 from transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, decode
 
+# Remote tensors of a few bytes a token, fetched whole once per shard (see `_Shard._cache_small`).
+SMALL_TENSORS = ("input_ids", "loss_mask", "hidden_scales", "last_scales")
 _DTYPES = {
     "BF16": torch.bfloat16,
     "F32": torch.float32,
@@ -51,6 +53,7 @@ class _Shard:
     def __init__(self, url: str):
         self.url = url
         self._map: mmap.mmap | None = None
+        self._small: dict[str, torch.Tensor] = {}
         if storage.is_local(url):
             with open(storage.local_path(url), "rb") as fh:
                 self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -67,22 +70,55 @@ class _Shard:
             if name != "__metadata__"
         }
 
-    def rows(self, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
-        """`{tensor: rows [a, b)}` → the row slices, copied out of the file."""
-        names = list(spans)
+    def _cache_small(self, names: list[str]) -> None:
+        """Fetch whole, once, the tensors with tiny rows (ids, mask, fp8 scales: a few bytes a token), so a
+        remote sample costs one request per wide tensor instead of one per tensor: object stores are bound
+        by requests, not bytes, at these sizes."""
+        todo = sorted({n for n in names if n not in self._small and n in SMALL_TENSORS})
+        if not todo:
+            return
+        ranges = [
+            (self.tensors[n].begin, self.tensors[n].begin + self.tensors[n].row_bytes * self.tensors[n].shape[0])
+            for n in todo
+        ]
+        for name, blob in zip(todo, storage.read_ranges(self.url, ranges), strict=True):
+            t = self.tensors[name]
+            self._small[name] = torch.frombuffer(bytearray(blob), dtype=t.dtype).reshape(t.shape)
+
+    def rows(self, spans_list: list[dict[str, tuple[int, int]]]) -> list[dict[str, torch.Tensor]]:
+        """Per sample, `{tensor: rows [a, b)}` → the row slices, copied out of the file.
+
+        Remotely, every range of every sample goes in one `cat_ranges` call, which fsspec runs concurrently:
+        a batch costs about one round trip, not one per tensor per sample.
+        """
+        flat: list[tuple[str, int, int]] = [(n, a, b) for spans in spans_list for n, (a, b) in spans.items()]
+        if self._map is None:
+            self._cache_small([n for n, _, _ in flat])
         ranges = []
-        for name in names:
-            t, (a, b) = self.tensors[name], spans[name]
-            ranges.append((t.begin + a * t.row_bytes, t.begin + b * t.row_bytes))
+        for name, a, b in flat:
+            t = self.tensors[name]
+            if name in self._small:
+                ranges.append((0, 0))
+            else:
+                ranges.append((t.begin + a * t.row_bytes, t.begin + b * t.row_bytes))
         if self._map is not None:
             blobs = [self._map[s:e] for s, e in ranges]
         else:
-            blobs = storage.read_ranges(self.url, ranges)
-        out = {}
-        for name, blob, (a, b) in zip(names, blobs, (spans[n] for n in names), strict=True):
-            t = self.tensors[name]
-            flat = torch.frombuffer(bytearray(blob), dtype=t.dtype) if blob else torch.empty(0, dtype=t.dtype)
-            out[name] = flat.reshape((b - a, *t.shape[1:]))
+            wanted = [r for r, (n, _, _) in zip(ranges, flat, strict=True) if n not in self._small]
+            fetched = iter(storage.read_ranges(self.url, wanted))
+            blobs = [b"" if n in self._small else next(fetched) for n, _, _ in flat]
+        out: list[dict[str, torch.Tensor]] = []
+        it = iter(zip(flat, blobs, strict=True))
+        for spans in spans_list:
+            sample = {}
+            for (name, a, b), blob in (next(it) for _ in spans):
+                t = self.tensors[name]
+                if name in self._small:
+                    sample[name] = self._small[name][a:b].clone()
+                    continue
+                data = torch.frombuffer(bytearray(blob), dtype=t.dtype) if blob else torch.empty(0, dtype=t.dtype)
+                sample[name] = data.reshape((b - a, *t.shape[1:]))
+            out.append(sample)
         return out
 
 
@@ -119,18 +155,36 @@ class OfflineDataset:
                 self._shards[name] = _Shard(storage.join(self.uri, name))
             return self._shards[name]
 
-    def wire(self, i: int) -> dict[str, torch.Tensor]:
-        """The stored tensors of sample i, exactly as written (`transport.sample.encode` output)."""
+    def _spans(self, i: int, shard: _Shard) -> dict[str, tuple[int, int]]:
         row = self.index[i]
-        shard = self._shard(row["shard"])
         seq = (row["start"], row["start"] + row["length"])
         last = (row["last_start"], row["last_start"] + row["last_length"])
         spans = {n: seq for n in SEQ_TENSORS if n in shard.tensors}
-        spans |= {n: last for n in LAST_TENSORS if n in shard.tensors}
-        return shard.rows(spans)
+        return spans | {n: last for n in LAST_TENSORS if n in shard.tensors}
+
+    def wires(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        """The stored tensors of these samples, exactly as written (`transport.sample.encode` output)."""
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        by_shard: dict[str, list[int]] = {}
+        for i in indices:
+            by_shard.setdefault(self.index[i]["shard"], []).append(i)
+        for name, members in by_shard.items():
+            shard = self._shard(name)
+            for i, wire in zip(members, shard.rows([self._spans(i, shard) for i in members]), strict=True):
+                out[i] = wire
+        return [out[i] for i in indices]
+
+    def wire(self, i: int) -> dict[str, torch.Tensor]:
+        return self.wires([i])[0]
+
+    def get_many(self, indices: list[int]) -> list[HiddenSample]:
+        """Samples `indices`, in that order, read with one batched request per shard."""
+        return [
+            decode(self.index[i]["id"], w, self.info.codec) for i, w in zip(indices, self.wires(indices), strict=True)
+        ]
 
     def __getitem__(self, i: int) -> HiddenSample:
-        return decode(self.index[i]["id"], self.wire(i), self.info.codec)
+        return self.get_many([i])[0]
 
     def verify(self) -> None:
         """Check every shard's size and sha256 against `dataset.json` (reads every byte)."""
@@ -151,7 +205,7 @@ class PrefetchLoader:
         self.dataset, self.batches, self.workers, self.prefetch = dataset, batches, workers, max(1, prefetch)
 
     def _load(self, batch: list[int]) -> list[HiddenSample]:
-        return [self.dataset[i] for i in batch]
+        return self.dataset.get_many(batch)
 
     def __iter__(self) -> Iterator[list[HiddenSample]]:
         with ThreadPoolExecutor(self.workers, thread_name_prefix="hidden-prefetch") as pool:

@@ -59,9 +59,18 @@ class StoreInfo:
         return cls(**(d | {"codec": StoreCodec(**d["codec"])}))
 
 
-def pack_shard(samples: list[HiddenSample], codec: StoreCodec, meta: dict[str, str]) -> tuple[bytes, list[dict]]:
+@dataclass
+class _Encoded:
+    """One sample as it waits for its shard: already in wire form (bf16/fp8), so fp32 captures are freed."""
+
+    id: str
+    wire: dict[str, torch.Tensor]
+    loss_tokens: int
+
+
+def pack_shard(entries: list[_Encoded], meta: dict[str, str]) -> tuple[bytes, list[dict]]:
     """One shard's safetensors bytes and its index rows (without the shard name)."""
-    wires = [encode(s, codec) for s in samples]
+    wires = [e.wire for e in entries]
     names = [n for n in SEQ_TENSORS + LAST_TENSORS if n in wires[0]]
     tensors = {n: torch.cat([w[n] for w in wires]) for n in names}
     seq = torch.tensor([len(w["input_ids"]) for w in wires], dtype=torch.int64)
@@ -72,15 +81,15 @@ def pack_shard(samples: list[HiddenSample], codec: StoreCodec, meta: dict[str, s
     off, loff = tensors["offsets"].tolist(), tensors["last_offsets"].tolist()
     rows = [
         {
-            "id": s.id,
+            "id": e.id,
             "row": i,
             "start": off[i],
             "length": off[i + 1] - off[i],
             "last_start": loff[i],
             "last_length": loff[i + 1] - loff[i],
-            "loss_tokens": int(s.loss_mask.sum()),
+            "loss_tokens": e.loss_tokens,
         }
-        for i, s in enumerate(samples)
+        for i, e in enumerate(entries)
     ]
     return tensorio.dumps(tensors, meta | {"format_version": str(FORMAT_VERSION)}), rows
 
@@ -95,7 +104,7 @@ class ShardWriter:
     def __init__(self, uri: str, info: StoreInfo, shard_samples: int):
         self.uri, self.info, self.shard_samples = uri, info, shard_samples
         self.commits = self._load_commits()
-        self._pending: list[HiddenSample] = []
+        self._pending: list[_Encoded] = []
 
     def _load_commits(self) -> list[dict]:
         commits = []
@@ -115,7 +124,8 @@ class ShardWriter:
         return sum(c["samples"] for c in self.commits)
 
     def add(self, sample: HiddenSample) -> None:
-        self._pending.append(sample)
+        wire = encode(sample, self.info.codec)
+        self._pending.append(_Encoded(sample.id, wire, int(sample.loss_mask.sum())))
         if len(self._pending) == self.shard_samples:
             self._flush()
 
@@ -124,7 +134,7 @@ class ShardWriter:
             return
         k = len(self.commits)
         name = shard_name(k)
-        blob, rows = pack_shard(self._pending, self.info.codec, {"store_format": "draftsmith-hidden"})
+        blob, rows = pack_shard(self._pending, {"store_format": "draftsmith-hidden"})
         storage.write_bytes(storage.join(self.uri, name), blob)
         commit = {
             "shard_index": k,
