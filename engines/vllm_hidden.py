@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from engines import vllm_hidden_worker, vllm_worker
-from engines.vllm_offline import _Worker, runs_in_process, worker_python
+from engines.vllm_offline import VLLMHandle, _Worker, worker_python
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.to(x.dtype) * normed.to(x.dtype)
 
 
-class VLLMHiddenStates:
+class VLLMHiddenStates(VLLMHandle):
     """Capture the taps and the last hidden state of token sequences with vLLM's `extract_hidden_states`.
 
     Args:
@@ -145,24 +145,9 @@ class VLLMHiddenStates:
         self.last_hidden = last_hidden
         self.max_model_len = max_model_len
         self._out_dir: Path | None = None  # the connector's output folder, made when vLLM starts
-        self._config = {
-            "model": str(self.model),
-            "max_model_len": max_model_len,
-            "seed": seed,
-            "engine_kwargs": dict(engine_kwargs or {}),
-            "aux_layer_ids": [*self.taps, self.num_layers],
-        }
-        json.dumps(self._config)  # fail here, not in the worker, on non-JSON engine_kwargs
-        self._python = python
-        self._log_path = Path(log_path) if log_path else None
-        self._start_timeout_s = start_timeout_s
-        self._backend: _HiddenWorker | _InProcess | None = None
-        self._finalizer: weakref.finalize | None = None
-
-    @property
-    def mode(self) -> str:
-        """`in-process` or `worker`: where vLLM runs."""
-        return "in-process" if runs_in_process(self._python) else "worker"
+        config = {"model": str(self.model), "max_model_len": max_model_len, "seed": seed}
+        config |= {"engine_kwargs": dict(engine_kwargs or {}), "aux_layer_ids": [*self.taps, self.num_layers]}
+        self._init_runtime(config, python, log_path, start_timeout_s)
 
     def _start(self) -> _HiddenWorker | _InProcess:
         if self._backend is not None:
@@ -228,14 +213,5 @@ class VLLMHiddenStates:
 
     def close(self) -> None:
         """Stop vLLM and remove the capture folder; a later `capture` starts a new engine."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._backend = None
-        self._finalizer = None
+        super().close()
         self._out_dir = None
-
-    def __enter__(self) -> VLLMHiddenStates:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from engines import vllm_worker
 from engines.base import ChatRequest, Completion, SamplingParams, template_hash
@@ -233,7 +233,41 @@ class _InProcess:
         self.llm = None
 
 
-class VLLMOfflineEngine:
+class VLLMHandle:
+    """What both vLLM wrappers share: a JSON config, where vLLM runs, and a backend that `close()` (or garbage
+    collection, through a `weakref.finalize` the subclass registers in `_start`) stops."""
+
+    def _init_runtime(
+        self, config: dict[str, Any], python: str | None, log_path: str | None, start_timeout_s: float
+    ) -> None:
+        json.dumps(config)  # fail here, not in the worker, on non-JSON engine_kwargs
+        self._config = config
+        self._python = python
+        self._log_path = Path(log_path) if log_path else None
+        self._start_timeout_s = start_timeout_s
+        self._backend: Any = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def mode(self) -> str:
+        """`in-process` or `worker`: where vLLM runs."""
+        return "in-process" if runs_in_process(self._python) else "worker"
+
+    def close(self) -> None:
+        """Stop the worker (or drop the in-process engine); the next call starts a new one."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._backend = None
+        self._finalizer = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class VLLMOfflineEngine(VLLMHandle):
     """`TargetEngine` on vLLM's offline batch API; the backend starts on first use and stops on `close()`.
 
     Args:
@@ -262,23 +296,8 @@ class VLLMOfflineEngine:
         if max_model_len < 1:
             raise ValueError(f"max_model_len: must be positive, got {max_model_len}")
         self.model = str(model)
-        self._config = {
-            "model": self.model,
-            "max_model_len": max_model_len,
-            "seed": seed,
-            "engine_kwargs": dict(engine_kwargs or {}),
-        }
-        json.dumps(self._config)  # fail here, not in the worker, on non-JSON engine_kwargs
-        self._python = python
-        self._log_path = Path(log_path) if log_path else None
-        self._start_timeout_s = start_timeout_s
-        self._backend: _Worker | _InProcess | None = None
-        self._finalizer: weakref.finalize | None = None
-
-    @property
-    def mode(self) -> str:
-        """`in-process` or `worker`: where vLLM runs."""
-        return "in-process" if runs_in_process(self._python) else "worker"
+        config = {"model": self.model, "max_model_len": max_model_len, "seed": seed}
+        self._init_runtime(config | {"engine_kwargs": dict(engine_kwargs or {})}, python, log_path, start_timeout_s)
 
     def _start(self) -> _Worker | _InProcess:
         if self._backend is not None:
@@ -320,16 +339,3 @@ class VLLMOfflineEngine:
             "chat_template_sha256": template_hash(info.get("chat_template")),
             "vllm_version": str(info.get("vllm_version")),
         }
-
-    def close(self) -> None:
-        """Stop the worker (or drop the in-process engine); a later `chat` starts a new one."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._backend = None
-        self._finalizer = None
-
-    def __enter__(self) -> VLLMOfflineEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
