@@ -10,6 +10,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from drafters import data, trainer, vocab
 from drafters.eagle3 import export, loss, model
+from drafters.layers import RopeScaling
 from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
@@ -30,6 +31,15 @@ def rope_theta(config: PretrainedConfig) -> float:
     return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
 
 
+def rope_scaling(config: PretrainedConfig) -> dict | None:
+    """The target's YaRN parameters (validated by `RopeScaling.from_config`), or None for plain RoPE."""
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    params.pop("rope_theta", None)
+    if RopeScaling.from_config(params).rope_type == "default":
+        return None
+    return params
+
+
 def build_drafter(
     cfg: DrafterConfig, target: TargetConfig, num_taps: int, target_model: PreTrainedModel, counts_V: torch.Tensor
 ) -> model.Eagle3Drafter:
@@ -45,6 +55,7 @@ def build_drafter(
         vocab_size=target.vocab_size,
         draft_vocab_size=cfg.draft_vocab_size,
         rope_theta=rope_theta(target_model.config),
+        rope_scaling=rope_scaling(target_model.config),
         rms_norm_eps=float(getattr(target_model.config, "rms_norm_eps", 1e-5)),
         fc_norm=cfg.fc_norm,
         norm_output=cfg.norm_output,

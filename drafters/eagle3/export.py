@@ -34,6 +34,7 @@ def serving_config(spec: Eagle3Spec, taps: list[int], metadata: dict[str, str]) 
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(taps), "use_aux_hidden_state": True},
         "rms_norm_eps": spec.rms_norm_eps,
         "rope_theta": spec.rope_theta,
+        **({"rope_scaling": spec.rope_scaling} if spec.rope_scaling else {}),
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",

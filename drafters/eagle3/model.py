@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from drafters.layers import RMSNorm, SwiGLU, apply_rope, rope_tables
+from drafters.layers import RMSNorm, RopeScaling, SwiGLU, apply_rope, rope_tables
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Eagle3Spec:
     rms_norm_eps: float = 1e-5
     fc_norm: bool = False
     norm_output: bool = False
+    rope_scaling: dict | None = None  # the target's YaRN parameters (`drafters.layers.RopeScaling`), if any
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,6 +89,7 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, spec: Eagle3Spec) -> None:
         super().__init__()
         self.spec = spec
+        self._rope_scaling = RopeScaling.from_config(spec.rope_scaling)
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         if spec.fc_norm:
@@ -109,7 +111,7 @@ class Eagle3Drafter(nn.Module):
         return self.fc(taps_BSNHt)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_tables(positions, self.spec.head_dim, self.spec.rope_theta)
+        return rope_tables(positions, self.spec.head_dim, self.spec.rope_theta, self._rope_scaling)
 
     def head(self, h_out_BSH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits `[B, S, Vd]` and the hidden state passed to the next depth."""
