@@ -1,0 +1,97 @@
+"""Anchored EAGLE-3 TTT (TorchSpec PR #186): the TTT chain run only from N sampled anchors, not from all S.
+
+Context keys/values for every position come from one pointwise pass (`[norm(embed(x_{t+1})); norm(fc(f_t))]`
+at RoPE position t). Depth 0 queries the anchors against that context. Depth d >= 1 feeds slot n the
+embedding of token a+1+d and the previous depth's output (normed if `norm_output`), at RoPE position a+d.
+Slot n attends to the context up to its anchor and to its own slot of depths 1..d (`drafters.masks.anchored_ttt`);
+anchors never see each other. So the computation at anchor a and depth d is exactly dense TTT's at t = a,
+step d, and with every position an anchor the loss equals dense TTT's (tested). Each depth costs N queries
+instead of S. Alignment, labels and weights follow `eagle3.loss`.
+
+Shape legend: B batch, S sequence, N anchor slots, H drafter width, Ht target width, Vd draft vocabulary.
+"""
+
+import torch
+from torch import nn
+
+from drafters import masks
+from drafters.eagle3.loss import TTTLoss
+from drafters.eagle3.model import Eagle3Drafter, shift_left
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+def anchored_hidden(
+    model: Eagle3Drafter,
+    input_ids_BS: torch.Tensor,
+    features_BSF: torch.Tensor,
+    anchors_BN: torch.Tensor,
+    keep_BN: torch.Tensor,
+    depth: int,
+) -> list[torch.Tensor]:
+    """The layer output `[B, N, H]` at every anchor slot, for each depth 0..depth-1."""
+    layer, attn = model.midlayer, model.midlayer.self_attn
+    B, S = input_ids_BS.shape
+    N = anchors_BN.shape[1]
+    dev = input_ids_BS.device
+    fused = model.fuse(features_BSF)  # [B, S, H]
+    cos, sin = model.rope(torch.arange(S, device=dev))
+    ctx_in = layer.attn_input(model.embed_tokens(shift_left(input_ids_BS, 1)), fused)
+    _, keys, values = attn.qkv(ctx_in, cos, sin)  # the depth-0 keys of every position
+    rows = torch.arange(B, device=dev)[:, None]
+    hidden = fused[rows, anchors_BN]  # [B, N, H]
+    outputs: list[torch.Tensor] = []
+    for d in range(depth):
+        tokens = shift_left(input_ids_BS, 1 + d)[rows, anchors_BN]
+        pos_cos, pos_sin = model.rope(anchors_BN + d)  # [B, N, dh]
+        x = layer.attn_input(model.embed_tokens(tokens), hidden)
+        q, k_new, v_new = attn.qkv(x, pos_cos, pos_sin)
+        if d == 0:
+            # Dropped slots hold anchor 0, so they see position 0 and stay finite; the loss ignores them.
+            allowed = (torch.arange(S, device=dev)[None, :] <= anchors_BN[..., None])[:, None]
+        else:
+            keys, values = torch.cat([keys, k_new], dim=2), torch.cat([values, v_new], dim=2)
+            allowed = masks.dense(masks.anchored_ttt(anchors_BN, keep_BN, S, d), B, N, S + d * N)
+        h_out = layer.finish(_attend(q, keys, values, allowed), hidden)
+        outputs.append(h_out)
+        hidden = model.norm(h_out) if model.spec.norm_output else h_out
+    return outputs
+
+
+def anchored_loss(
+    model: Eagle3Drafter,
+    step_hidden: list[torch.Tensor],
+    anchors_BN: torch.Tensor,
+    keep_BN: torch.Tensor,
+    last_hidden_BSHt: torch.Tensor,
+    draft_head_VdHt: torch.Tensor,
+    position_mask_BS: torch.Tensor,
+    decay: float,
+) -> TTTLoss:
+    """Forward KL to the target at p = a + 1 + d, over kept slots whose p counts; mean per depth, decayed."""
+    B, S = position_mask_BS.shape
+    rows = torch.arange(B, device=anchors_BN.device)[:, None].expand_as(anchors_BN)
+    losses, accs, counts = [], [], []
+    for d, hidden in enumerate(step_hidden):
+        p = anchors_BN + 1 + d
+        inside = p < S
+        pc = p.clamp(max=S - 1)
+        valid = keep_BN & inside & position_mask_BS[rows, pc]
+        logits = model.logits(hidden[valid]).float()
+        with torch.no_grad():
+            target = (last_hidden_BSHt[rows[valid], pc[valid]].float() @ draft_head_VdHt.T).log_softmax(-1)
+        n = valid.sum()
+        denom = n.clamp(min=1)
+        losses.append(-(target.exp() * logits.log_softmax(-1)).sum() / denom)
+        accs.append((logits.argmax(-1) == target.argmax(-1)).sum() / denom)
+        counts.append(n)
+    step_loss = torch.stack(losses)
+    weights = decay ** torch.arange(len(step_hidden), dtype=step_loss.dtype)
+    return TTTLoss(
+        total=(weights * step_loss).sum(),
+        step_loss=step_loss,
+        step_acc=torch.stack(accs),
+        step_count=torch.stack(counts),
+    )
