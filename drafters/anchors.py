@@ -6,6 +6,8 @@ Slots are fixed (`N` per row, with a keep mask) so that masks and shapes never c
 Shape legend: B batch, S sequence, N slots.
 """
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -32,24 +34,16 @@ def strided_anchors(
     """
     if num < 1 or max_gap < 0:
         raise ValueError(f"anchors: need num >= 1 and max_gap >= 0, got num={num}, max_gap={max_gap}")
-    B = loss_mask_BS.shape[0]
-    anchors = torch.zeros(B, num, dtype=torch.long)
-    keep = torch.zeros(B, num, dtype=torch.bool)
-    for b in range(B):
-        cand = candidates(loss_mask_BS[b], depth)
+
+    def pick(cand: torch.Tensor) -> torch.Tensor:
         count = len(cand)
-        if count == 0:
-            continue
         if count <= num:
-            picked = cand
-        else:
-            stride = min(max(count // num, 1), max_gap + 1)
-            phase = int(torch.randint(count, (1,), generator=generator))
-            idx = (phase + stride * torch.arange(num)) % count
-            picked = cand[idx.unique()]  # unique also sorts
-        anchors[b, : len(picked)] = picked
-        keep[b, : len(picked)] = True
-    return anchors, keep
+            return cand
+        stride = min(max(count // num, 1), max_gap + 1)
+        phase = int(torch.randint(count, (1,), generator=generator))
+        return cand[((phase + stride * torch.arange(num)) % count).unique()]  # unique also sorts
+
+    return _fill_slots(loss_mask_BS, num, depth, pick)
 
 
 def uniform_anchors(
@@ -58,15 +52,25 @@ def uniform_anchors(
     """DFlash/DSpark: up to `num` anchors per row, uniformly without replacement among the candidates, sorted."""
     if num < 1:
         raise ValueError(f"anchors: need num >= 1, got {num}")
+
+    def pick(cand: torch.Tensor) -> torch.Tensor:
+        return cand[torch.randperm(len(cand), generator=generator)[:num]].sort().values
+
+    return _fill_slots(loss_mask_BS, num, depth, pick)
+
+
+def _fill_slots(
+    loss_mask_BS: torch.Tensor, num: int, depth: int, pick: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`anchors`, `keep` `[B, num]`: each row's picked candidates first, the rest dropped (anchor 0)."""
     B = loss_mask_BS.shape[0]
     anchors = torch.zeros(B, num, dtype=torch.long)
     keep = torch.zeros(B, num, dtype=torch.bool)
     for b in range(B):
         cand = candidates(loss_mask_BS[b], depth)
-        take = min(num, len(cand))
-        if take == 0:
+        if len(cand) == 0:
             continue
-        chosen = cand[torch.randperm(len(cand), generator=generator)[:take]].sort().values
-        anchors[b, :take] = chosen
-        keep[b, :take] = True
+        picked = pick(cand)
+        anchors[b, : len(picked)] = picked
+        keep[b, : len(picked)] = True
     return anchors, keep

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from drafters import masks
-from drafters.eagle3.loss import TTTLoss
+from drafters.eagle3.loss import TTTLoss, combine, depth_term
 from drafters.eagle3.model import Eagle3Drafter, shift_left
 
 
@@ -73,25 +73,12 @@ def anchored_loss(
     """Forward KL to the target at p = a + 1 + d, over kept slots whose p counts; mean per depth, decayed."""
     B, S = position_mask_BS.shape
     rows = torch.arange(B, device=anchors_BN.device)[:, None].expand_as(anchors_BN)
-    losses, accs, counts = [], [], []
+    terms = []
     for d, hidden in enumerate(step_hidden):
         p = anchors_BN + 1 + d
-        inside = p < S
         pc = p.clamp(max=S - 1)
-        valid = keep_BN & inside & position_mask_BS[rows, pc]
-        logits = model.logits(hidden[valid]).float()
+        valid = keep_BN & (p < S) & position_mask_BS[rows, pc]
         with torch.no_grad():
             target = (last_hidden_BSHt[rows[valid], pc[valid]].float() @ draft_head_VdHt.T).log_softmax(-1)
-        n = valid.sum()
-        denom = n.clamp(min=1)
-        losses.append(-(target.exp() * logits.log_softmax(-1)).sum() / denom)
-        accs.append((logits.argmax(-1) == target.argmax(-1)).sum() / denom)
-        counts.append(n)
-    step_loss = torch.stack(losses)
-    weights = decay ** torch.arange(len(step_hidden), dtype=step_loss.dtype)
-    return TTTLoss(
-        total=(weights * step_loss).sum(),
-        step_loss=step_loss,
-        step_acc=torch.stack(accs),
-        step_count=torch.stack(counts),
-    )
+        terms.append(depth_term(model.logits(hidden[valid]).float(), target))
+    return combine(terms, decay)

@@ -51,23 +51,31 @@ def ttt_loss(
         decay: depth k is weighted `decay**k`.
     """
     b, p = mask_BS.nonzero(as_tuple=True)
-    losses, accs, counts = [], [], []
+    terms = []
     for k, hidden in enumerate(step_hidden):
         keep = p >= 1 + k  # depth k at t = p - 1 - k needs t >= 0
-        logits = head(hidden[b[keep], p[keep] - 1 - k]).float()
-        target = target_logp_nV[keep]
-        n = keep.sum()
-        denom = n.clamp(min=1)
-        losses.append(-(target.exp() * logits.log_softmax(-1)).sum() / denom)
-        accs.append((logits.argmax(-1) == target.argmax(-1)).sum() / denom)
-        counts.append(n)
-    step_loss = torch.stack(losses)
-    weights = decay ** torch.arange(len(step_hidden), dtype=step_loss.dtype)
+        terms.append(depth_term(head(hidden[b[keep], p[keep] - 1 - k]).float(), target_logp_nV[keep]))
+    return combine(terms, decay)
+
+
+def depth_term(logits_nVd: torch.Tensor, target_logp_nVd: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One depth's soft cross-entropy mean, argmax accuracy and count over its n counted positions."""
+    n = torch.tensor(logits_nVd.shape[0])
+    denom = n.clamp(min=1)
+    loss = -(target_logp_nVd.exp() * logits_nVd.log_softmax(-1)).sum() / denom
+    acc = (logits_nVd.argmax(-1) == target_logp_nVd.argmax(-1)).sum() / denom
+    return loss, acc, n
+
+
+def combine(terms: list[tuple[torch.Tensor, ...]], decay: float) -> TTTLoss:
+    """`TTTLoss` from per-depth `(loss, acc, count)`, depth k weighted `decay**k`."""
+    step_loss = torch.stack([t[0] for t in terms])
+    weights = decay ** torch.arange(len(terms), dtype=step_loss.dtype)
     return TTTLoss(
         total=(weights * step_loss).sum(),
         step_loss=step_loss,
-        step_acc=torch.stack(accs),
-        step_count=torch.stack(counts),
+        step_acc=torch.stack([t[1] for t in terms]),
+        step_count=torch.stack([t[2] for t in terms]),
     )
 
 
