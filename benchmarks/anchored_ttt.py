@@ -7,10 +7,9 @@ sequence of 1024, 2048 and 4096 tokens with 60% loss tokens. Anchored uses 512 a
 Run: `python -m benchmarks.anchored_ttt` (part of `make bench`).
 """
 
-import time
-
 import torch
 
+from benchmarks._timing import best_of
 from drafters.anchors import strided_anchors
 from drafters.eagle3.anchored import anchored_hidden, anchored_loss
 from drafters.eagle3.loss import position_mask, ttt_loss
@@ -63,15 +62,6 @@ def step_anchored(model: Eagle3Drafter, b: dict, head: torch.Tensor) -> None:
     anchored_loss(model, hidden, anchors, keep, b["last"], head, mask, 0.8).total.backward()
 
 
-def best_of(fn, repeats: int = 2) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
 def main() -> None:
     torch.set_num_threads(2)
     model = drafter()
@@ -79,8 +69,8 @@ def main() -> None:
     print(f"TTT depth {DEPTH}, {ANCHORS} anchors (max_gap {DEPTH}), forward + backward, fp32, 2 threads")
     for S in (1024, 2048, 4096):
         b = batch(S)
-        dense = best_of(lambda b=b: step_dense(model, b, head))
-        anchored = best_of(lambda b=b: step_anchored(model, b, head))
+        dense = best_of(lambda b=b: step_dense(model, b, head), 2)
+        anchored = best_of(lambda b=b: step_anchored(model, b, head), 2)
         model.zero_grad(set_to_none=True)
         print(f"seq {S}: dense {dense:.2f} s, anchored {anchored:.2f} s -> dense / anchored = {dense / anchored:.2f}x")
 

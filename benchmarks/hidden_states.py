@@ -13,12 +13,12 @@ Run: `python -m benchmarks.hidden_states` (part of `make bench`). Shapes are Smo
 
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from benchmarks._mooncake_bw import mooncake_vs_memcpy
+from benchmarks._timing import best_of
 from draftsmith import storage
 from draftsmith.config import load_recipe
 from engines import hf
@@ -29,15 +29,6 @@ from transport.offline_store import StoreInfo, write_store
 from transport.sample import HiddenSample, StoreCodec
 
 RECIPE = Path(__file__).resolve().parents[1] / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
-
-
-def best_of(fn, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def capture_overhead() -> dict[str, float]:
@@ -63,8 +54,8 @@ def capture_overhead() -> dict[str, float]:
         base(input_ids=ids, attention_mask=mask, use_cache=False)
 
     plain()  # warm-up
-    t_plain = best_of(plain)
-    t_capture = best_of(lambda: capture.capture(samples))
+    t_plain = best_of(plain, 5)
+    t_capture = best_of(lambda: capture.capture(samples), 5)
     tokens = sum(lengths)
     return {"plain_tok_s": tokens / t_plain, "capture_tok_s": tokens / t_capture, "slowdown": t_capture / t_plain}
 
@@ -110,7 +101,7 @@ def loader_vs_raw(uri: str, batches: list[list[int]]) -> dict[str, float]:
                 t = shards[r["shard"]]
                 _ = t["hidden_states"][r["start"] : r["start"] + r["length"]].clone()
 
-    t_loader, t_raw = best_of(loader), best_of(raw)
+    t_loader, t_raw = best_of(loader, 5), best_of(raw, 5)
     return {"loader_samples_s": n / t_loader, "raw_samples_s": n / t_raw, "ratio": t_raw / t_loader}
 
 

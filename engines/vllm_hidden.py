@@ -42,20 +42,7 @@ class _HiddenWorker(_Worker):
     script = WORKER_SCRIPT  # same start-up, reader and shutdown as the offline engine; another script
 
     def capture(self, token_ids: list[list[int]]) -> list[str]:
-        self._next_id += 1
-        msg = {"id": self._next_id, "token_ids": token_ids}
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._died("a capture") from None
-        reply = self._read(timeout_s=None, what="a capture")
-        if "error" in reply:
-            raise RuntimeError(f"vLLM hidden-states worker failed a batch of {len(token_ids)}: {reply['error']}")
-        if reply.get("id") != self._next_id:
-            raise RuntimeError(f"vLLM worker answered request {reply.get('id')} while {self._next_id} was pending")
-        return reply["paths"]
+        return self.request({"token_ids": token_ids}, f"a capture of {len(token_ids)} sequences")["paths"]
 
 
 class _InProcess:

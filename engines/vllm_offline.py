@@ -191,21 +191,26 @@ class _Worker:
                 raise self._died(what)
             return json.loads(line)
 
-    def call(self, requests: list[dict[str, Any]], params: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    def request(self, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """Send one JSON request and return the worker's matching reply; errors name `what` failed."""
         self._next_id += 1
-        msg = {"id": self._next_id, "requests": requests, "params": params}
+        msg = {"id": self._next_id, **body}
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise self._died("a request") from None
-        reply = self._read(timeout_s=None, what="a request")
+            raise self._died(what) from None
+        reply = self._read(timeout_s=None, what=what)
         if "error" in reply:
-            raise RuntimeError(f"vLLM worker failed a batch of {len(requests)} requests: {reply['error']}")
+            raise RuntimeError(f"vLLM worker failed {what}: {reply['error']}")
         if reply.get("id") != self._next_id:
             raise RuntimeError(f"vLLM worker answered request {reply.get('id')} while {self._next_id} was pending")
-        return reply["outputs"]
+        return reply
+
+    def call(self, requests: list[dict[str, Any]], params: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        body = {"requests": requests, "params": params}
+        return self.request(body, f"a batch of {len(requests)} requests")["outputs"]
 
     def stop(self) -> None:
         if self.proc.stdin is not None:
