@@ -11,21 +11,14 @@ Shape legend: B batch, S sequence, H drafter width, Vd draft vocabulary, n count
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from drafters.eagle3.model import shift_left
+from drafters.objective import StepLoss, simulated_acc_len
 
-
-@dataclass(frozen=True)
-class TTTLoss:
-    """The weighted total and, per depth, the loss, argmax accuracy and counted positions."""
-
-    total: torch.Tensor
-    step_loss: torch.Tensor  # [depth]
-    step_acc: torch.Tensor  # [depth]
-    step_count: torch.Tensor  # [depth]
+# EAGLE-3 reports the common per-slot step figures (a slot is a TTT depth here).
+TTTLoss = StepLoss
 
 
 def position_mask(loss_mask_BS: torch.Tensor, in_draft_BS: torch.Tensor) -> torch.Tensor:
@@ -79,6 +72,4 @@ def combine(terms: list[tuple[torch.Tensor, ...]], decay: float) -> TTTLoss:
     )
 
 
-def simulated_acc_len(step_acc: torch.Tensor) -> float:
-    """Training-time proxy `1 + sum_k prod_{j<=k} acc_j` (a chain stops at its first miss)."""
-    return float(1.0 + step_acc.cumprod(0).sum())
+__all__ = ["TTTLoss", "combine", "depth_term", "position_mask", "simulated_acc_len", "ttt_loss"]
