@@ -1,6 +1,10 @@
-"""In-process drafter training on one device (CPU here). The FSDP2 trainer replaces it in issue #6.
+"""In-process drafter training on one device (CPU here), for any drafter family. FSDP2 arrives in issue #6.
 
-Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht target width.
+The loop knows nothing of the family: an objective maps `(model, batch)` to a `StepLoss`
+(`drafters.families` builds one per family), so EAGLE-3, DFlash2 and DSpark share the optimiser, schedule,
+clipping and per-step history.
+
+Shape legend: B batch, S sequence.
 """
 
 import logging
@@ -12,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from drafters.data import TrainSample, collate
-from drafters.eagle3.loss import TTTLoss, position_mask, simulated_acc_len, ttt_loss
-from drafters.eagle3.model import Eagle3Drafter
-from drafters.vocab import draft_ids
+from drafters.objective import StepLoss, simulated_acc_len
 from draftsmith.config import TrainConfig
+
+Objective = Callable[[torch.nn.Module, dict[str, torch.Tensor]], StepLoss]
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ class TrainReport:
     seconds: float = 0.0
     history: list[dict] = field(default_factory=list)
 
-    def record(self, epoch: int, tokens: int, out: TTTLoss, grad_norm: float, lr: float) -> None:
+    def record(self, epoch: int, tokens: int, out: StepLoss, grad_norm: float, lr: float) -> None:
         """Append one optimizer step to the history (and log every 20th)."""
         self.steps += 1
         self.tokens += tokens
@@ -56,20 +60,6 @@ class TrainReport:
         return out
 
 
-@torch.no_grad()
-def mark_draftable(samples: list[TrainSample], target_head_VH: torch.Tensor, t2d: torch.Tensor) -> None:
-    """Set `in_draft` per sample: is the target's full-vocabulary argmax in the draft vocabulary?
-
-    Only positions followed by a loss token can count, so only those pay for the `[*, V]` product.
-    """
-    for s in samples:
-        needed = torch.zeros_like(s.loss_mask)
-        needed[:-1] = s.loss_mask[1:]
-        s.in_draft = torch.zeros_like(s.loss_mask)
-        if needed.any():
-            s.in_draft[needed] = t2d[(s.last_hidden[needed].float() @ target_head_VH.T).argmax(-1)]
-
-
 def lr_lambda(warmup: int, total: int, floor: float = 0.1) -> Callable[[int], float]:
     """Linear warm-up, then cosine decay to `floor` times the peak."""
 
@@ -82,25 +72,22 @@ def lr_lambda(warmup: int, total: int, floor: float = 0.1) -> Callable[[int], fl
     return f
 
 
-def train_eagle3(
-    model: Eagle3Drafter,
+def train_drafter(
+    model: torch.nn.Module,
     batches: Iterable[tuple[int, list[TrainSample]]],
     total_steps: int,
-    target_head_VH: torch.Tensor,
+    objective: Objective,
     cfg: TrainConfig,
     *,
-    depth: int,
-    decay: float,
     seed: int,
 ) -> TrainReport:
-    """Train `model` in place with TTT, one optimizer step per `(epoch, samples)` of `batches`.
+    """Train `model` in place, one optimizer step per `(epoch, samples)` of `batches`.
 
     `batches` come from the offline store's prefetching loader or the online stream alike; `total_steps`
-    sizes the LR schedule. `target_head_VH` is the target's lm_head `[V, Ht]`.
+    sizes the LR schedule. Frozen parameters (the target's embedding, a shared lm_head) stay out of AdamW.
     """
     torch.manual_seed(seed)
     torch.set_num_threads(cfg.threads)
-    draft_head = target_head_VH[draft_ids(model.d2t)].float()  # [Vd, Ht]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, max(1, total_steps)))
@@ -108,13 +95,8 @@ def train_eagle3(
     start = time.perf_counter()
     model.train()
     for epoch, samples in batches:
-        mark_draftable(samples, target_head_VH, model.t2d)
         batch = collate(samples)
-        mask = position_mask(batch["loss_mask"], batch["in_draft"])
-        with torch.no_grad():
-            target_logp = (batch["last_hidden"][mask] @ draft_head.T).log_softmax(-1)
-        hidden = model.ttt_hidden(batch["input_ids"], batch["features"], depth)
-        out = ttt_loss(model.logits, hidden, target_logp, mask, decay)
+        out = objective(model, batch)
         opt.zero_grad(set_to_none=True)
         out.total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

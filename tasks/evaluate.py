@@ -12,11 +12,11 @@ from collections import defaultdict
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from drafters import verify
-from drafters.eagle3 import decode, export
+from drafters import families, verify
+from drafters.eagle3 import decode
 from draftsmith import storage
 from draftsmith.caching import stage_task
-from draftsmith.config import EvaluateConfig, TargetConfig
+from draftsmith.config import DrafterConfig, EvaluateConfig, TargetConfig
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
@@ -76,6 +76,7 @@ def format_table(results: dict) -> str:
 
 def evaluate(
     cfg: EvaluateConfig,
+    drafter_cfg: DrafterConfig,
     target: TargetConfig,
     prompts: StageManifest,
     checkpoint: StageManifest,
@@ -83,10 +84,12 @@ def evaluate(
     out_uri: str,
 ) -> StageManifest:
     """Write `results.json` and per-prompt `prompts.jsonl` under `out_uri`."""
+    family = families.family(drafter_cfg.kind)
     key = stage_key(
         STAGE,
-        [sys.modules[__name__], decode, verify],
+        [sys.modules[__name__], decode, verify, family, *family.code_modules()],
         cfg=cfg,
+        drafter=drafter_cfg,
         target=target,
         prompts=prompts,
         checkpoint=checkpoint,
@@ -94,7 +97,8 @@ def evaluate(
 
     def compute(uri: str) -> StageResult:
         model, tok = hf.load_target(target)
-        drafter, taps = export.load_drafter(checkpoint.uri, model.get_input_embeddings().weight.float())
+        drafter, taps = family.load(checkpoint.uri, model)
+        g = family.draft_tokens(drafter_cfg, cfg)
         eos = set(hf.end_of_turn_ids(tok, model))
         records = read_prompts(prompts, "eval")[: cfg.max_prompts]
         decode.greedy_generate(model, prompt_ids(tok, records[0]), max_new=4, eos=eos)  # warm-up
@@ -102,9 +106,7 @@ def evaluate(
         for rec in records:
             ids = prompt_ids(tok, rec)
             base = decode.greedy_generate(model, ids, max_new=cfg.max_new_tokens, eos=eos)
-            spec = decode.speculative_generate(
-                model, drafter, taps, ids, g=cfg.num_draft_tokens, max_new=cfg.max_new_tokens, eos=eos
-            )
+            spec = family.generate(model, drafter, taps, ids, g=g, max_new=cfg.max_new_tokens, eos=eos)
             rows.append(
                 {
                     "id": rec.id,
@@ -117,7 +119,7 @@ def evaluate(
                     "speculative_seconds": spec.seconds,
                 }
             )
-        results = summarise(rows, checkpoint.info.get("drafter", "eagle3"))
+        results = summarise(rows, drafter_cfg.kind) | {"draft_tokens_per_round": g}
         files = [
             file_entry(uri, "results.json", (json.dumps(results, indent=2) + "\n").encode()),
             file_entry(uri, "prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()),
@@ -134,6 +136,11 @@ def read_results(manifest: StageManifest) -> dict:
 
 @stage_task("evaluate", STAGE)
 def evaluate_task(
-    cfg: EvaluateConfig, target: TargetConfig, prompts: StageManifest, checkpoint: StageManifest, run_dir: str
+    cfg: EvaluateConfig,
+    drafter_cfg: DrafterConfig,
+    target: TargetConfig,
+    prompts: StageManifest,
+    checkpoint: StageManifest,
+    run_dir: str,
 ) -> StageManifest:
-    return evaluate(cfg, target, prompts, checkpoint, out_uri=storage.join(run_dir, STAGE))
+    return evaluate(cfg, drafter_cfg, target, prompts, checkpoint, out_uri=storage.join(run_dir, STAGE))

@@ -6,11 +6,8 @@ import sys
 from collections.abc import Iterator
 
 import torch
-from transformers import PretrainedConfig, PreTrainedModel
 
-from drafters import data, trainer, vocab
-from drafters.eagle3 import export, loss, model
-from drafters.layers import RopeScaling
+from drafters import data, families, trainer
 from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
@@ -24,54 +21,6 @@ from transport import offline_reader, sample
 from transport.offline_reader import OfflineDataset, PrefetchLoader
 
 STAGE = "train"
-
-
-def rope_theta(config: PretrainedConfig) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
-
-
-def rope_scaling(config: PretrainedConfig) -> dict | None:
-    """The target's YaRN parameters (validated by `RopeScaling.from_config`), or None for plain RoPE."""
-    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
-    params.pop("rope_theta", None)
-    if RopeScaling.from_config(params).rope_type == "default":
-        return None
-    return params
-
-
-def build_drafter(
-    cfg: DrafterConfig, target: TargetConfig, num_taps: int, target_model: PreTrainedModel, counts_V: torch.Tensor
-) -> model.Eagle3Drafter:
-    """A fresh drafter with the target's frozen embedding and a vocabulary pruned by `counts_V`."""
-    spec = model.Eagle3Spec(
-        hidden_size=target.hidden_size,
-        target_hidden_size=target.hidden_size,
-        num_taps=num_taps,
-        num_heads=cfg.num_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        intermediate_size=cfg.intermediate_size,
-        vocab_size=target.vocab_size,
-        draft_vocab_size=cfg.draft_vocab_size,
-        rope_theta=rope_theta(target_model.config),
-        rope_scaling=rope_scaling(target_model.config),
-        rms_norm_eps=float(getattr(target_model.config, "rms_norm_eps", 1e-5)),
-        fc_norm=cfg.fc_norm,
-        norm_output=cfg.norm_output,
-    )
-    drafter = model.Eagle3Drafter(spec)
-    d2t, t2d = vocab.build_draft_vocab(counts_V, cfg.draft_vocab_size)
-    drafter.d2t.copy_(d2t)
-    drafter.t2d.copy_(t2d)
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight.float())
-        if cfg.init_lm_head_from_target:
-            # The draft head predicts the same next-token distribution as the target's; starting there
-            # instead of at random saves most of the early steps on a small corpus.
-            head = target_model.get_output_embeddings().weight.float()
-            drafter.lm_head.weight.copy_(head[vocab.draft_ids(d2t)])
-    return drafter
 
 
 def loss_token_counts(tokens: StageManifest, vocab_size: int) -> torch.Tensor:
@@ -125,7 +74,7 @@ def train(
     seed: int,
     out_uri: str,
 ) -> StageManifest:
-    """Write `model.safetensors`, `config.json` (vLLM eagle3 format) and `metrics.jsonl`.
+    """Write the drafter's serving checkpoint (`model.safetensors`, `config.json`) and `metrics.jsonl`.
 
     Offline (`hidden` is the store's manifest) batches come from the store through the prefetching loader;
     online (`hidden` is None, `hidden_cfg.mode == "online"`) from the Mooncake stream, with the producers
@@ -133,7 +82,9 @@ def train(
     """
     if (hidden is None) != (hidden_cfg.mode == "online"):
         raise ValueError(f"train: hidden_states.mode is {hidden_cfg.mode!r} but the store manifest is {hidden!r}")
-    code = [sys.modules[__name__], data, trainer, vocab, export, loss, model, offline_reader, sample, hidden_stream]
+    family = families.family(drafter_cfg.kind)
+    code = [sys.modules[__name__], data, trainer, families, family, offline_reader, sample, hidden_stream]
+    code += family.code_modules()
     inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "hidden_cfg": hidden_cfg, "tokens": tokens}
     key = stage_key(STAGE, code, **inputs, hidden=hidden, seed=seed)
 
@@ -141,17 +92,11 @@ def train(
         target_model, _ = hf.load_target(target)
         torch.manual_seed(seed)
         counts_V = loss_token_counts(tokens, target.vocab_size)
-        drafter = build_drafter(drafter_cfg, target, len(hidden_cfg.taps), target_model, counts_V)
+        inputs = families.BuildInputs(target, target_model, len(hidden_cfg.taps), counts_V)
+        drafter = family.build(drafter_cfg, inputs)
         head = target_model.get_output_embeddings().weight.detach().float()
-        fit = functools.partial(
-            trainer.train_eagle3,
-            drafter,
-            target_head_VH=head,
-            cfg=cfg,
-            depth=drafter_cfg.ttt_depth,
-            decay=drafter_cfg.depth_decay,
-            seed=seed,
-        )
+        objective = family.objective(drafter_cfg, drafter, head, seed)
+        fit = functools.partial(trainer.train_drafter, drafter, objective=objective, cfg=cfg, seed=seed)
         if hidden is not None:
             dataset = data.hidden_dataset(hidden)
             report = fit(*offline_batches(dataset, cfg, seed))
@@ -160,14 +105,15 @@ def train(
             with OnlineSource(hidden_cfg, target, tokens, epochs=cfg.epochs, run_id=key[:12]) as online:
                 report = fit(*online_batches(online, tokens, cfg, hidden_cfg, seed))
                 num_samples, source = online.stream.consumed, "online"
-        return _result(uri, drafter, report, target, hidden_cfg, key, num_samples, drafter_cfg.kind, source)
+        return _result(uri, family, drafter, report, target, hidden_cfg, key, num_samples, drafter_cfg.kind, source)
 
     return run_stage(STAGE, out_uri, key, compute)
 
 
 def _result(
     uri: str,
-    drafter: model.Eagle3Drafter,
+    family,
+    drafter: torch.nn.Module,
     report: trainer.TrainReport,
     target: TargetConfig,
     hidden_cfg: HiddenStatesConfig,
@@ -177,7 +123,7 @@ def _result(
     source: str,
 ) -> StageResult:
     meta = {"target": target.name, "train_key": key, "tap_convention": "residual after layer k, from 1"}
-    blobs = export.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
+    blobs = family.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
     blobs["metrics.jsonl"] = "".join(json.dumps(h) + "\n" for h in report.history).encode()
     files = [file_entry(uri, name, blob) for name, blob in blobs.items()]
     metrics = {k: round(v, 5) for k, v in report.final().items()} | {"tokens_per_s": report.tokens / report.seconds}

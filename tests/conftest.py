@@ -58,6 +58,8 @@ def tiny_run(tiny_cfg, tmp_path_factory):
         seed=c.seed,
         out_uri=f"{run}/train",
     )
-    out["evaluate"] = evaluate(c.evaluate, c.target, out["select_prompts"], out["train"], out_uri=f"{run}/evaluate")
+    out["evaluate"] = evaluate(
+        c.evaluate, c.drafter, c.target, out["select_prompts"], out["train"], out_uri=f"{run}/evaluate"
+    )
     out["run_dir"] = run
     return out

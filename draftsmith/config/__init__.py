@@ -1,12 +1,12 @@
 """Strict pipeline configuration, loaded from YAML recipes (see `deployments/recipes/`)."""
 
+from draftsmith.config.drafter import DFlash2Config, DrafterConfig, DSparkConfig, Eagle3Config
 from draftsmith.config.hidden_states import HiddenStatesConfig
 from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe
 from draftsmith.config.pipeline import PipelineConfig
 from draftsmith.config.regenerate import RegenerateConfig
 from draftsmith.config.select import SelectConfig
 from draftsmith.config.stages import (
-    DrafterConfig,
     EvaluateConfig,
     Resources,
     StorageConfig,
@@ -16,6 +16,9 @@ from draftsmith.config.stages import (
 from draftsmith.config.tokenize import TokenizeConfig
 
 __all__ = [
+    "DFlash2Config",
+    "DSparkConfig",
+    "Eagle3Config",
     "DrafterConfig",
     "EvaluateConfig",
     "HiddenStatesConfig",

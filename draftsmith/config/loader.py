@@ -14,9 +14,15 @@ class RecipeError(ValueError):
     """A recipe is invalid. `str(err)` is one line per problem: `file: dotted.path: message`."""
 
 
+# A tagged union puts its tag in the location (`drafter.dspark.block_size`); the recipe has no such key.
+_UNION_TAGS = {("drafter", "eagle3"), ("drafter", "dflash2"), ("drafter", "dspark")}
+
+
 def _dotted(loc: tuple[Any, ...]) -> str:
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
+        if i and (loc[i - 1], part) in _UNION_TAGS:
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:

@@ -5,11 +5,11 @@ import re
 from pydantic import Field, model_validator
 
 from draftsmith.config.base import StrictModel
+from draftsmith.config.drafter import DrafterConfig
 from draftsmith.config.hidden_states import HiddenStatesConfig
 from draftsmith.config.regenerate import RegenerateConfig
 from draftsmith.config.select import SelectConfig
 from draftsmith.config.stages import (
-    DrafterConfig,
     EvaluateConfig,
     StorageConfig,
     TargetConfig,
@@ -65,11 +65,24 @@ class PipelineConfig(StrictModel):
                 f"({self.regenerate.thinking}); training on another mode than the corpus was generated in "
                 "costs acceptance. Align them or set tokenize.allow_provenance_mismatch: true"
             )
-        if self.drafter.draft_vocab_size > self.target.vocab_size:
-            raise ValueError(
-                f"drafter.draft_vocab_size: {self.drafter.draft_vocab_size} exceeds target.vocab_size "
-                f"({self.target.vocab_size})"
-            )
-        if self.drafter.num_heads * self.drafter.head_dim <= 0:  # pragma: no cover - guarded by gt=0
-            raise ValueError("drafter.num_heads: must be positive")
+        self._drafter_checks()
         return self
+
+    def _drafter_checks(self) -> None:
+        d, target = self.drafter, self.target
+        if d.draft_vocab_size is not None and d.draft_vocab_size > target.vocab_size:
+            raise ValueError(
+                f"drafter.draft_vocab_size: {d.draft_vocab_size} exceeds target.vocab_size ({target.vocab_size})"
+            )
+        if d.kind == "eagle3":
+            return
+        if d.mask_token_id >= target.vocab_size:
+            raise ValueError(
+                f"drafter.mask_token_id: {d.mask_token_id} is outside target.vocab_size ({target.vocab_size})"
+            )
+        if d.kind == "dflash2" and d.conv_kernel_size and target.hidden_size % d.conv_group_size:
+            raise ValueError(
+                f"drafter.conv_group_size: {d.conv_group_size} must divide target.hidden_size ({target.hidden_size})"
+            )
+        if d.kind == "dflash2" and d.selector_rank and d.selector_top_k > (d.draft_vocab_size or target.vocab_size):
+            raise ValueError("drafter.selector_top_k: more candidates than the drafter's vocabulary")

@@ -1,4 +1,4 @@
-"""One config section per pipeline stage, plus the target, drafter, storage and resources.
+"""One config section per pipeline stage, plus the target, storage and resources (the drafter: `drafter.py`).
 
 Cross-section rules (taps against the target's layer count, for instance) live in
 `draftsmith.config.pipeline`, because a section cannot see its siblings.
@@ -6,7 +6,7 @@ Cross-section rules (taps against the target's layer count, for instance) live i
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field
 
 from draftsmith.config.base import StrictModel
 
@@ -47,32 +47,6 @@ class StorageConfig(StrictModel):
         min_length=1,
         description="Local folder or fsspec URL under which `<recipe name>/` is created.",
     )
-
-
-class DrafterConfig(StrictModel):
-    """The EAGLE-3 drafter: one decoder layer over fused taps, a pruned vocabulary, TTT."""
-
-    kind: Literal["eagle3"] = Field("eagle3", description="Drafter family.")
-    num_heads: int = Field(gt=0, description="Attention heads of the draft layer.")
-    num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA).")
-    head_dim: int = Field(gt=0, description="Per-head width.")
-    intermediate_size: int = Field(gt=0, description="SwiGLU MLP width.")
-    draft_vocab_size: int = Field(gt=0, description="Draft vocabulary: the most frequent loss tokens.")
-    ttt_depth: int = Field(3, ge=1, le=16, description="Training-time-test depth (chain length trained).")
-    depth_decay: float = Field(0.8, gt=0.0, le=1.0, description="Loss weight of depth k is decay**k.")
-    fc_norm: bool = Field(False, description="EAGLE-3.1: RMSNorm each tap before the fc fusion.")
-    norm_output: bool = Field(False, description="EAGLE-3.1: feed norm(h) to the next depth.")
-    init_lm_head_from_target: bool = Field(
-        True, description="Start the draft lm_head from the target's rows (faster convergence)."
-    )
-
-    @field_validator("num_kv_heads")
-    @classmethod
-    def _kv_divides_heads(cls, kv: int, info: ValidationInfo) -> int:
-        heads = info.data.get("num_heads")
-        if heads is not None and heads % kv != 0:
-            raise ValueError(f"num_kv_heads ({kv}) must divide num_heads ({heads})")
-        return kv
 
 
 class TrainConfig(StrictModel):

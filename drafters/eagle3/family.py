@@ -1,0 +1,113 @@
+"""EAGLE-3 as a drafter family (`drafters.families`): build, objective (dense or anchored TTT), decoding.
+
+Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht target width.
+"""
+
+import dataclasses
+
+import torch
+
+from drafters import anchors, families, vocab
+from drafters.eagle3 import anchored, decode, export, loss
+from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from drafters.objective import StepLoss
+from draftsmith.config import Eagle3Config, EvaluateConfig
+
+
+def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
+    """A fresh drafter with the target's frozen embedding and a vocabulary pruned by the loss-token counts."""
+    config, H = inputs.target_model.config, inputs.target.hidden_size
+    extra = {}
+    if "attention" in {f.name for f in dataclasses.fields(Eagle3Spec)}:
+        extra = {"attention": cfg.attention, "mla": cfg.mla.model_dump() if cfg.mla else None}
+    spec = Eagle3Spec(
+        hidden_size=H,
+        target_hidden_size=H,
+        num_taps=inputs.num_taps,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size,
+        vocab_size=inputs.target.vocab_size,
+        draft_vocab_size=cfg.draft_vocab_size,
+        rope_theta=families.rope_theta(config),
+        rope_scaling=families.rope_scaling(config),
+        rms_norm_eps=families.rms_norm_eps(config),
+        fc_norm=cfg.fc_norm,
+        norm_output=cfg.norm_output,
+        **extra,
+    )
+    drafter = Eagle3Drafter(spec)
+    d2t, t2d = vocab.build_draft_vocab(inputs.counts_V, cfg.draft_vocab_size)
+    drafter.d2t.copy_(d2t)
+    drafter.t2d.copy_(t2d)
+    families.copy_frozen(drafter.embed_tokens, inputs.target_model.get_input_embeddings().weight)
+    if cfg.init_lm_head_from_target:
+        # The draft head predicts the same next-token distribution as the target's; starting there
+        # instead of at random saves most of the early steps on a small corpus.
+        head = inputs.target_model.get_output_embeddings().weight.detach().float()
+        with torch.no_grad():
+            drafter.lm_head.weight.copy_(head[vocab.draft_ids(d2t)])
+    return drafter
+
+
+@torch.no_grad()
+def draftable(batch: dict[str, torch.Tensor], head_VHt: torch.Tensor, t2d_V: torch.Tensor) -> torch.Tensor:
+    """`[B, S]`: is the target's full-vocabulary argmax at p in the draft vocabulary? (No draft could match
+    a token outside it.) Only positions followed by a loss token can count, so only those pay for `[*, V]`."""
+    needed = torch.zeros_like(batch["loss_mask"])
+    needed[:, :-1] = batch["loss_mask"][:, 1:]
+    out = torch.zeros_like(needed)
+    if needed.any():
+        out[needed] = t2d_V[(batch["last_hidden"][needed] @ head_VHt.T).argmax(-1)]
+    return out
+
+
+def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, seed: int):
+    """Forward KL to the target at every TTT depth; anchored TTT when `cfg.anchored` is set."""
+    draft_head = head_VHt[vocab.draft_ids(model.d2t)].float()  # [Vd, Ht]
+    generator = torch.Generator().manual_seed(seed)
+
+    def run(model: Eagle3Drafter, batch: dict[str, torch.Tensor]) -> StepLoss:
+        mask = loss.position_mask(batch["loss_mask"], draftable(batch, head_VHt, model.t2d))
+        ids, feats = batch["input_ids"], batch["features"]
+        if cfg.anchored is not None:
+            a = cfg.anchored
+            anchor_BN, keep_BN = anchors.strided_anchors(
+                batch["loss_mask"], a.num_anchors, cfg.ttt_depth, a.max_gap, generator
+            )
+            hidden = anchored.anchored_hidden(model, ids, feats, anchor_BN, keep_BN, cfg.ttt_depth)
+            return anchored.anchored_loss(
+                model, hidden, anchor_BN, keep_BN, batch["last_hidden"], draft_head, mask, cfg.depth_decay
+            )
+        with torch.no_grad():
+            target_logp = (batch["last_hidden"][mask] @ draft_head.T).log_softmax(-1)
+        hidden = model.ttt_hidden(ids, feats, cfg.ttt_depth)
+        return loss.ttt_loss(model.logits, hidden, target_logp, mask, cfg.depth_decay)
+
+    return run
+
+
+def draft_tokens(cfg: Eagle3Config, eval_cfg: EvaluateConfig) -> int:
+    """A chain drafter drafts as many tokens per round as the evaluation asks."""
+    return eval_cfg.num_draft_tokens
+
+
+def generate(target, drafter: Eagle3Drafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos):
+    return decode.speculative_generate(target, drafter, taps, prompt_S, g=g, max_new=max_new, eos=eos)
+
+
+def checkpoint_blobs(model: Eagle3Drafter, taps: list[int], metadata: dict) -> dict[str, bytes]:
+    return export.checkpoint_blobs(model, taps, metadata)
+
+
+def load(folder: str, target_model) -> tuple[Eagle3Drafter, list[int]]:
+    return export.load_drafter(folder, target_model.get_input_embeddings().weight.float())
+
+
+def code_modules() -> list:
+    """Modules whose source decides what training and decoding produce (cache keys)."""
+    from drafters import layers, masks
+    from drafters.eagle3 import model as eagle3_model
+
+    return [anchors, anchored, decode, export, loss, eagle3_model, vocab, layers, masks]

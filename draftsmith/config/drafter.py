@@ -1,0 +1,128 @@
+"""The `drafter:` section: one model per drafter family, told apart by `kind`.
+
+`eagle3` is a chain drafter trained with training-time test (optionally anchored, optionally MLA attention);
+`dflash2` and `dspark` are block drafters that draft a whole block in one forward. Every family's width is
+the target's (`target.hidden_size`): drafters share the target's embedding, and the block drafters its lm_head.
+Cross-section checks (taps, vocabulary, widths) live in `draftsmith.config.pipeline`.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from draftsmith.config.base import StrictModel
+
+LayerType = Literal["full_attention", "sliding_attention"]
+
+
+class MLAConfig(StrictModel):
+    """Multi-head latent attention shapes (DeepSeek-V3 / Kimi naming)."""
+
+    kv_lora_rank: int = Field(gt=0, description="Rank of the compressed key/value latent.")
+    q_lora_rank: int | None = Field(None, gt=0, description="Rank of the query bottleneck; null: a plain q_proj.")
+    qk_nope_head_dim: int = Field(gt=0, description="Per-head query/key width without RoPE.")
+    qk_rope_head_dim: int = Field(gt=0, description="Per-head decoupled RoPE width (one rotary key shared by heads).")
+    v_head_dim: int = Field(gt=0, description="Per-head value width.")
+
+    @field_validator("qk_rope_head_dim")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError(f"qk_rope_head_dim ({v}) must be even: RoPE rotates pairs")
+        return v
+
+
+class AnchorConfig(StrictModel):
+    """Anchored TTT: run the chain only at sampled anchors, so a step's cost stops growing with length."""
+
+    num_anchors: int = Field(gt=0, description="Anchor slots per sequence (fixed, with a keep mask).")
+    max_gap: int = Field(0, ge=0, description="At most this many candidates between consecutive anchors.")
+
+
+class _AttentionFields(StrictModel):
+    num_heads: int = Field(gt=0, description="Attention heads per draft layer.")
+    num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA); ignored by MLA layers.")
+    head_dim: int = Field(gt=0, description="Per-head width of GQA layers.")
+    intermediate_size: int = Field(gt=0, description="SwiGLU MLP width.")
+    attention: Literal["gqa", "mla"] = Field("gqa", description="Attention kind of the draft layers.")
+    mla: MLAConfig | None = Field(None, description="MLA shapes; required when attention is mla.")
+    fc_norm: bool = Field(False, description="RMSNorm each target tap before the fc fusion (EAGLE-3.1, K3 configs).")
+
+    @field_validator("num_kv_heads")
+    @classmethod
+    def _kv_divides_heads(cls, kv: int, info: ValidationInfo) -> int:
+        heads = info.data.get("num_heads")
+        if heads is not None and heads % kv != 0:
+            raise ValueError(f"num_kv_heads ({kv}) must divide num_heads ({heads})")
+        return kv
+
+    @model_validator(mode="after")
+    def _mla_shapes(self):
+        if self.attention == "mla" and self.mla is None:
+            raise ValueError("mla: required when attention is 'mla'")
+        if self.attention == "gqa" and self.mla is not None:
+            raise ValueError("mla: given but attention is 'gqa'; set attention: mla or drop the block")
+        return self
+
+
+class Eagle3Config(_AttentionFields):
+    """EAGLE-3 / EAGLE-3.1: one decoder layer over fused taps, a pruned vocabulary, training-time test."""
+
+    kind: Literal["eagle3"] = Field("eagle3", description="Drafter family.")
+    draft_vocab_size: int = Field(gt=0, description="Draft vocabulary: the most frequent loss tokens.")
+    ttt_depth: int = Field(3, ge=1, le=16, description="Training-time-test depth (chain length trained).")
+    depth_decay: float = Field(0.8, gt=0.0, le=1.0, description="Loss weight of depth k is decay**k.")
+    norm_output: bool = Field(False, description="EAGLE-3.1: feed norm(h) to the next depth.")
+    anchored: AnchorConfig | None = Field(None, description="Anchored TTT; null: dense TTT at every position.")
+    init_lm_head_from_target: bool = Field(
+        True, description="Start the draft lm_head from the target's rows (faster convergence)."
+    )
+
+
+class _BlockFields(_AttentionFields):
+    num_layers: int = Field(5, gt=0, description="Draft decoder layers.")
+    block_size: int = Field(8, ge=2, le=64, description="Block length B: the anchor plus B-1 mask slots.")
+    mask_token_id: int = Field(ge=0, description="Token id fed to the mask slots; pick one the corpus never uses.")
+    layer_types: list[LayerType] | None = Field(None, description="Per-layer attention type; null: all full_attention.")
+    sliding_window: int | None = Field(None, gt=0, description="Window of sliding_attention layers, in tokens.")
+    num_anchors: int = Field(64, gt=0, description="Blocks sampled per sequence per step (fixed slots, keep mask).")
+    draft_vocab_size: int | None = Field(
+        None, gt=0, description="Own pruned lm_head of this size (with d2t/t2d); null: the target's frozen lm_head."
+    )
+
+    @model_validator(mode="after")
+    def _layers(self):
+        types = self.layer_types
+        if types is not None and len(types) != self.num_layers:
+            raise ValueError(f"layer_types: {len(types)} entries for num_layers {self.num_layers}")
+        if types and "sliding_attention" in types and self.sliding_window is None:
+            raise ValueError("sliding_window: required when layer_types has sliding_attention layers")
+        return self
+
+
+class DFlash2Config(_BlockFields):
+    """DFlash2: the DFlash block drafter plus the dynamic depthwise conv and the top-K path selector."""
+
+    kind: Literal["dflash2"] = Field("dflash2", description="Drafter family.")
+    gamma: float = Field(4.0, gt=0.0, description="Slot k (k >= 1) is weighted exp(-(k-1)/gamma); 4 for B = 8.")
+    conv_kernel_size: int = Field(2, ge=0, le=4, description="Dynamic depthwise conv taps; 0 turns it off.")
+    conv_group_size: int = Field(16, gt=0, description="Channels per content-adaptive conv group.")
+    selector_rank: int = Field(256, ge=0, description="Candidate selector codebook rank; 0 turns it off.")
+    selector_top_k: int = Field(16, ge=2, description="Candidates kept per slot for the path selector.")
+    selector_alpha: float = Field(0.1, ge=0.0, description="Weight of the selector's K-way CE in the loss.")
+
+
+class DSparkConfig(_BlockFields):
+    """DSpark: a block drafter whose anchor slot predicts too, with a Markov head and a confidence head."""
+
+    kind: Literal["dspark"] = Field("dspark", description="Drafter family.")
+    block_size: int = Field(7, ge=2, le=64, description="Block length B; every slot predicts, so B drafts a round.")
+    gamma: float = Field(4.0, gt=0.0, description="Slot k (from 0) is weighted exp(-k/gamma).")
+    markov_rank: int = Field(256, gt=0, description="Rank of the low-rank Markov (previous-token) head.")
+    confidence_head: bool = Field(True, description="Train the per-slot acceptance-confidence head.")
+    loss_weights: tuple[float, float, float] = Field(
+        (0.1, 0.9, 1.0), description="Weights of (CE, L1 to the target distribution, confidence BCE)."
+    )
+
+
+DrafterConfig = Annotated[Eagle3Config | DFlash2Config | DSparkConfig, Field(discriminator="kind")]
