@@ -35,7 +35,6 @@ class BuildInputs:
 #   objective(cfg, model, head_VH, seed) -> Objective  its training objective
 #   checkpoint_blobs(model, taps, metadata) -> {file: bytes}   the serving checkpoint
 #   load(folder, target_model) -> (model, taps)      that checkpoint back, in fp32
-#   draft_tokens(cfg, eval_cfg) -> int               tokens drafted per verification round
 #   generate(target, model, taps, prompt_S, *, g, max_new, eos) -> Decoded
 #   code_modules() -> [modules]                     whose source keys the train/evaluate caches
 FAMILIES = {

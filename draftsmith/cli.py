@@ -91,6 +91,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from drafters.export.bundle import export_run
+    from drafters.export.guards import ExportError
+
+    try:
+        result = export_run(args.run, args.engine, recipe=args.recipe, out=args.out)
+    except ExportError as err:
+        print(f"export failed: {err}", file=sys.stderr)
+        return 1
+    print(result.render())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,10 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a dotted recipe field")
         if name != "validate":
             p.add_argument("--run-dir", help="run folder or URL (default: <storage.run_root>/<name>)")
+    p = sub.add_parser("export", help="export a run's trained drafter for a serving engine")
+    p.add_argument("run", help="run folder (holds train/ and hidden_states/)")
+    p.add_argument("--engine", required=True, choices=["vllm", "sglang", "tokenspeed"], help="serving engine")
+    p.add_argument("--out", help="output folder (default: <run>/export/<engine>)")
+    p.add_argument("--recipe", help="the run's recipe (default: <run>/recipe.yaml)")
     return parser
 
 
-COMMANDS = {"setup-target": cmd_setup_target, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate}
+COMMANDS = {
+    "setup-target": cmd_setup_target,
+    "run": cmd_run,
+    "plan": cmd_plan,
+    "validate": cmd_validate,
+    "export": cmd_export,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,7 +128,8 @@ def render_plan(cfg: PipelineConfig, run_dir: str) -> str:
         (
             "evaluate",
             cfg.evaluate.resources,
-            f"{cfg.evaluate.verification} speculative decoding, {cfg.evaluate.num_draft_tokens} draft tokens, "
+            f"{cfg.evaluate.verification} speculative decoding, "
+            f"{cfg.drafter.drafts_per_round(cfg.evaluate.num_draft_tokens)} draft tokens per round, "
             f"<= {cfg.evaluate.max_new_tokens} new tokens per prompt",
         ),
     ]

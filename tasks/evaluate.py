@@ -98,7 +98,7 @@ def evaluate(
     def compute(uri: str) -> StageResult:
         model, tok = hf.load_target(target)
         drafter, taps = family.load(checkpoint.uri, model)
-        g = family.draft_tokens(drafter_cfg, cfg)
+        g = drafter_cfg.drafts_per_round(cfg.num_draft_tokens)
         eos = set(hf.end_of_turn_ids(tok, model))
         records = read_prompts(prompts, "eval")[: cfg.max_prompts]
         decode.greedy_generate(model, prompt_ids(tok, records[0]), max_new=4, eos=eos)  # warm-up

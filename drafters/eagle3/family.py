@@ -11,7 +11,7 @@ from drafters import anchors, families, vocab
 from drafters.eagle3 import anchored, decode, export, loss
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from drafters.objective import StepLoss
-from draftsmith.config import Eagle3Config, EvaluateConfig
+from draftsmith.config import Eagle3Config
 
 
 def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
@@ -86,11 +86,6 @@ def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, s
         return loss.ttt_loss(model.logits, hidden, target_logp, mask, cfg.depth_decay)
 
     return run
-
-
-def draft_tokens(cfg: Eagle3Config, eval_cfg: EvaluateConfig) -> int:
-    """A chain drafter drafts as many tokens per round as the evaluation asks."""
-    return eval_cfg.num_draft_tokens
 
 
 def generate(target, drafter: Eagle3Drafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos):

@@ -78,6 +78,10 @@ class Eagle3Config(_AttentionFields):
         True, description="Start the draft lm_head from the target's rows (faster convergence)."
     )
 
+    def drafts_per_round(self, num_draft_tokens: int) -> int:
+        """A chain drafts as many tokens per round as the evaluation asks (`evaluate.num_draft_tokens`)."""
+        return num_draft_tokens
+
 
 class _BlockFields(_AttentionFields):
     num_layers: int = Field(5, gt=0, description="Draft decoder layers.")
@@ -111,6 +115,10 @@ class DFlash2Config(_BlockFields):
     selector_top_k: int = Field(16, ge=2, description="Candidates kept per slot for the path selector.")
     selector_alpha: float = Field(0.1, ge=0.0, description="Weight of the selector's K-way CE in the loss.")
 
+    def drafts_per_round(self, num_draft_tokens: int) -> int:
+        """The mask slots: the anchor slot holds the verified token and predicts nothing."""
+        return self.block_size - 1
+
 
 class DSparkConfig(_BlockFields):
     """DSpark: a block drafter whose anchor slot predicts too, with a Markov head and a confidence head."""
@@ -123,6 +131,10 @@ class DSparkConfig(_BlockFields):
     loss_weights: tuple[float, float, float] = Field(
         (0.1, 0.9, 1.0), description="Weights of (CE, L1 to the target distribution, confidence BCE)."
     )
+
+    def drafts_per_round(self, num_draft_tokens: int) -> int:
+        """Every slot predicts, the anchor's included."""
+        return self.block_size
 
 
 DrafterConfig = Annotated[Eagle3Config | DFlash2Config | DSparkConfig, Field(discriminator="kind")]

@@ -67,7 +67,9 @@ class TrainConfig(StrictModel):
 class EvaluateConfig(StrictModel):
     """Real speculative decoding of the held-out prompts, with and without the drafter."""
 
-    num_draft_tokens: int = Field(3, ge=1, description="Draft chain length per verification round.")
+    num_draft_tokens: int = Field(
+        3, ge=1, description="Draft chain length per round (chain drafters; a block drafter drafts its block)."
+    )
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per held-out prompt.")
     max_prompts: int | None = Field(None, gt=0, description="Evaluate at most this many held-out prompts.")
     verification: Literal["greedy"] = Field("greedy", description="Verification rule.")

@@ -11,7 +11,15 @@ from draftsmith.plan import render_plan
 from tests.conftest import RECIPES as RECIPE_DIR
 
 pytestmark = pytest.mark.unit
-RECIPES = ["smollm2-cpu-eagle3", "tiny-cpu", "kimi-k3-eagle3"]
+RECIPES = [
+    "smollm2-cpu-eagle3",
+    "smollm2-cpu-dflash2",
+    "smollm2-cpu-dspark",
+    "tiny-cpu",
+    "kimi-k3-eagle3",
+    "kimi-k3-dflash2",
+    "kimi-k3-dspark",
+]
 
 
 @pytest.fixture
@@ -40,6 +48,11 @@ def test_shipped_recipes_validate(name):
     assert PipelineConfig.model_validate(cfg.model_dump(mode="json")) == cfg
 
 
+def _block_drafter(kind: str, **changes) -> dict:
+    base = {"kind": kind, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+    return base | {"intermediate_size": 128, "mask_token_id": 16} | changes
+
+
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
@@ -60,6 +73,25 @@ def test_shipped_recipes_validate(name):
         ),
         (lambda d: d.pop("target"), "target: Field required"),
         (
+            lambda d: d.update(drafter=_block_drafter("dspark", layer_types=["full_attention"])),
+            "drafter: Value error, layer_types: 1 entries for num_layers 2",
+        ),
+        (
+            lambda d: d.update(drafter=_block_drafter("dflash2", layer_types=["sliding_attention"] * 2)),
+            "drafter: Value error, sliding_window: required when layer_types has sliding_attention layers",
+        ),
+        (
+            lambda d: d.update(drafter=_block_drafter("dflash2", mask_token_id=49152)),
+            "drafter.mask_token_id: 49152 is outside target.vocab_size (49152)",
+        ),
+        (
+            lambda d: d.update(drafter=_block_drafter("dflash2", conv_group_size=5)),
+            "drafter.conv_group_size: 5 must divide target.hidden_size (64)",
+        ),
+        (lambda d: d.update(drafter=_block_drafter("dspark", markov_rank=0)), "drafter.markov_rank: Input should be"),
+        (lambda d: d["drafter"].update(attention="mla"), "drafter: Value error, mla: required when attention is 'mla'"),
+        (lambda d: d["drafter"].update(kind="medusa"), "drafter: Input tag 'medusa' found using 'kind' does not"),
+        (
             lambda d: d["hidden_states"].update(mode="online", online={"producers": "external"}),
             "hidden_states.online.producers: external producers need a fixed master_addr",
         ),
@@ -78,6 +110,13 @@ def test_shipped_recipes_validate(name):
         "tap-zero",
         "gqa",
         "missing-section",
+        "layer-types-length",
+        "sliding-without-window",
+        "mask-token-outside-vocab",
+        "conv-group",
+        "markov-rank",
+        "mla-without-shapes",
+        "unknown-kind",
         "external-producers-without-addresses",
         "master-without-metadata",
         "bad-store-dtype",
@@ -123,17 +162,43 @@ def test_overrides_apply_before_validation():
         load_recipe(DIR / "tiny-cpu.yaml", {"train.epochs": 0})
 
 
-def test_kimi_plan_names_every_stage_pool_and_size():
+@pytest.mark.parametrize(
+    ("recipe", "taps", "drafter", "drafts"),
+    [
+        ("kimi-k3-eagle3", 3, "eagle3 (1 layer, mla attention + fc_norm, anchored TTT (1024 anchors) depth 7", 3),
+        ("kimi-k3-dflash2", 5, "dflash2 (5 layers (4 sliding-window 2048), mla attention + fc_norm, block 8", 7),
+        ("kimi-k3-dspark", 5, "dspark (5 layers, mla attention + fc_norm, block 7", 7),
+    ],
+)
+def test_kimi_plan_names_every_stage_pool_and_size(recipe, taps, drafter, drafts):
     from tests.conftest import RECIPES as DIR
 
-    cfg = load_recipe(DIR / "kimi-k3-eagle3.yaml")
+    cfg = load_recipe(DIR / f"{recipe}.yaml")
     plan = render_plan(cfg, "s3://bucket/run")
     for stage in ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]:
         assert f"s3://bucket/run/{stage}" in plan
     for pool in ["pool=gb200 ", "pool=gb200-train", "pool=cpu "]:
         assert pool in plan
-    # 3 taps + last hidden, H = 7168, bf16, plus a 4-byte id and 1-byte mask per token.
-    assert f"{4 * 7168 * 2 + 5:,} bytes/token" in plan
+    # taps + last hidden, H = 7168, bf16, plus a 4-byte id and 1-byte mask per token.
+    assert f"{(taps + 1) * 7168 * 2 + 5:,} bytes/token" in plan
+    assert drafter in plan
+    assert f"{drafts} draft tokens per round" in plan
+
+
+def test_kimi_drafters_match_the_seed_cards():
+    """The K3 configs the seeds release: eagle3.1-mla aux ids [2, 46, 90]; DSpark taps (2, 23, 47, 71, 89) of 93."""
+    from tests.conftest import RECIPES as DIR
+
+    eagle = load_recipe(DIR / "kimi-k3-eagle3.yaml")
+    assert eagle.hidden_states.taps == [2, 46, 90] and eagle.drafter.attention == "mla"
+    assert eagle.drafter.fc_norm and eagle.drafter.norm_output
+    dspark = load_recipe(DIR / "kimi-k3-dspark.yaml")
+    assert dspark.hidden_states.taps == [2, 23, 47, 71, 89] and dspark.target.num_layers == 93
+    assert (dspark.drafter.num_layers, dspark.drafter.block_size, dspark.drafter.attention) == (5, 7, "mla")
+    assert dspark.drafter.fc_norm
+    dflash = load_recipe(DIR / "kimi-k3-dflash2.yaml").drafter
+    assert dflash.layer_types.count("sliding_attention") == 4 and dflash.layer_types[-1] == "full_attention"
+    assert dflash.attention == "mla" and dflash.block_size == 8
 
 
 def test_prefect_yaml_parameters_match_their_recipes():
