@@ -75,6 +75,10 @@ def test_eagle3_deployment_runs_tiny_recipe_on_process_worker(prefect_server: Se
     subflow = get_json(f"{server.api_url}/deployments/name/hidden-states/smollm2-cpu")
     assert subflow["entrypoint"] == "flows/hidden_states.py:hidden_states_flow"
     assert subflow["parameters"]["config"] == main_recipe
+    for kind in ["dflash2", "dspark"]:
+        block = get_json(f"{server.api_url}/deployments/name/kimi-k3/{kind}")
+        assert block["entrypoint"] == "flows/pipeline.py:kimi_k3"
+        assert block["parameters"]["config"] == yaml.safe_load((RECIPES / f"smollm2-cpu-{kind}.yaml").read_text())
     # Flow runs start in the repository root: the pull step holds the absolute directory deploy ran in.
     pull_dirs = [
         step["prefect.deployments.steps.set_working_directory"]["directory"]
