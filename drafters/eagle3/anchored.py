@@ -19,8 +19,9 @@ from drafters.eagle3.loss import TTTLoss, combine, depth_term
 from drafters.eagle3.model import Eagle3Drafter, shift_left
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    # The scale is the attention's own (MLA's differs from 1/sqrt(q width) under DeepSeek YaRN).
+    return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
 
 
 def anchored_hidden(
@@ -37,24 +38,22 @@ def anchored_hidden(
     N = anchors_BN.shape[1]
     dev = input_ids_BS.device
     fused = model.fuse(features_BSF)  # [B, S, H]
-    cos, sin = model.rope(torch.arange(S, device=dev))
     ctx_in = layer.attn_input(model.embed_tokens(shift_left(input_ids_BS, 1)), fused)
-    _, keys, values = attn.qkv(ctx_in, cos, sin)  # the depth-0 keys of every position
+    _, keys, values = attn.qkv(ctx_in, torch.arange(S, device=dev))  # the depth-0 keys of every position
     rows = torch.arange(B, device=dev)[:, None]
     hidden = fused[rows, anchors_BN]  # [B, N, H]
     outputs: list[torch.Tensor] = []
     for d in range(depth):
         tokens = shift_left(input_ids_BS, 1 + d)[rows, anchors_BN]
-        pos_cos, pos_sin = model.rope(anchors_BN + d)  # [B, N, dh]
         x = layer.attn_input(model.embed_tokens(tokens), hidden)
-        q, k_new, v_new = attn.qkv(x, pos_cos, pos_sin)
+        q, k_new, v_new = attn.qkv(x, anchors_BN + d)  # per-slot RoPE positions [B, N]
         if d == 0:
             # Dropped slots hold anchor 0, so they see position 0 and stay finite; the loss ignores them.
             allowed = (torch.arange(S, device=dev)[None, :] <= anchors_BN[..., None])[:, None]
         else:
             keys, values = torch.cat([keys, k_new], dim=2), torch.cat([values, v_new], dim=2)
             allowed = masks.dense(masks.anchored_ttt(anchors_BN, keep_BN, S, d), B, N, S + d * N)
-        h_out = layer.finish(_attend(q, keys, values, allowed), hidden)
+        h_out = layer.finish(_attend(q, keys, values, allowed, attn.scale), hidden)
         outputs.append(h_out)
         hidden = model.norm(h_out) if model.spec.norm_output else h_out
     return outputs

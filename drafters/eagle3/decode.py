@@ -8,7 +8,6 @@ the verified length. The baseline is plain greedy decoding with the same target 
 Shape legend: S sequence, F = N*Ht fused feature width, h heads, T cached keys, d head width.
 """
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -31,7 +30,8 @@ class Decoded:
 
 
 class DraftCache:
-    """The drafter's keys/values `[1, h, T, d]`; context entries persist, chain entries are cropped."""
+    """The drafter's keys `[1, h, T, dqk]` and values `[1, h, T, dv]` (per head, for GQA and MLA alike);
+    context entries persist, chain entries are cropped."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
@@ -58,11 +58,10 @@ def _draft_forward(
     layer = drafter.midlayer
     x = layer.attn_input(drafter.embed_tokens(tokens_S)[None], hidden_SH[None])
     S = tokens_S.numel()
-    cos, sin = drafter.rope(torch.arange(start, start + S))
-    q, k, v = layer.self_attn.qkv(x, cos, sin)
+    q, k, v = layer.self_attn.qkv(x, torch.arange(start, start + S))
     past = cache.length
     keys, values = cache.append(k, v)
-    scores = q @ keys.transpose(-1, -2) / math.sqrt(drafter.spec.head_dim)
+    scores = q @ keys.transpose(-1, -2) * layer.self_attn.scale
     allowed = torch.arange(keys.shape[2])[None, :] <= past + torch.arange(S)[:, None]
     probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     logits, next_hidden = drafter.head(layer.finish(probs @ values, hidden_SH[None]))

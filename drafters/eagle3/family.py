@@ -3,8 +3,6 @@
 Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht target width.
 """
 
-import dataclasses
-
 import torch
 
 from drafters import anchors, families, vocab
@@ -17,9 +15,6 @@ from draftsmith.config import Eagle3Config
 def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
     """A fresh drafter with the target's frozen embedding and a vocabulary pruned by the loss-token counts."""
     config, H = inputs.target_model.config, inputs.target.hidden_size
-    extra = {}
-    if "attention" in {f.name for f in dataclasses.fields(Eagle3Spec)}:
-        extra = {"attention": cfg.attention, "mla": cfg.mla.model_dump() if cfg.mla else None}
     spec = Eagle3Spec(
         hidden_size=H,
         target_hidden_size=H,
@@ -35,7 +30,8 @@ def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
         rms_norm_eps=families.rms_norm_eps(config),
         fc_norm=cfg.fc_norm,
         norm_output=cfg.norm_output,
-        **extra,
+        attention=cfg.attention,
+        mla=cfg.mla.model_dump() if cfg.mla else None,
     )
     drafter = Eagle3Drafter(spec)
     d2t, t2d = vocab.build_draft_vocab(inputs.counts_V, cfg.draft_vocab_size)
@@ -102,7 +98,8 @@ def load(folder: str, target_model) -> tuple[Eagle3Drafter, list[int]]:
 
 def code_modules() -> list:
     """Modules whose source decides what training and decoding produce (cache keys)."""
-    from drafters import layers, masks
+    from drafters import layers, masks, mla
+    from drafters.eagle3 import attention
     from drafters.eagle3 import model as eagle3_model
 
-    return [anchors, anchored, decode, export, loss, eagle3_model, vocab, layers, masks]
+    return [anchors, anchored, decode, export, loss, eagle3_model, attention, vocab, layers, masks, mla]

@@ -3,17 +3,21 @@
 Parameter names follow vLLM's `LlamaForCausalLMEagle3` checkpoint keys (`fc`, `midlayer.*`, `norm`,
 `lm_head`, `d2t`, `t2d`), so export is a dtype cast and a config file.
 
+The attention is GQA (`LlamaForCausalLMEagle3`) or MLA (`Eagle3DeepseekV3ForCausalLM`, e.g. Kimi K3's
+eagle3.1-mla seed drafter), chosen by `Eagle3Spec.attention`; see `drafters.eagle3.attention` for the
+interface every path uses.
+
 Shape legend: B batch, S sequence, H drafter width, Ht target width, N taps, h heads, g kv heads,
-d head width, V target vocabulary, Vd draft vocabulary, K keys.
+d head width (dqk for q/k, dv for v), V target vocabulary, Vd draft vocabulary, K keys.
 """
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
-from drafters.layers import RMSNorm, RopeScaling, SwiGLU, apply_rope, rope_tables
+from drafters.eagle3.attention import check_attention, make_attention
+from drafters.layers import RMSNorm, SwiGLU
 
 
 @dataclass(frozen=True)
@@ -34,33 +38,14 @@ class Eagle3Spec:
     fc_norm: bool = False
     norm_output: bool = False
     rope_scaling: dict | None = None  # the target's YaRN parameters (`drafters.layers.RopeScaling`), if any
+    attention: str = "gqa"  # "gqa" | "mla"; with "mla", num_kv_heads and head_dim are unused
+    mla: dict | None = None  # `drafters.mla.MLASpec` shapes: kv_lora_rank, q_lora_rank, qk_nope/qk_rope/v_head_dim
+
+    def __post_init__(self) -> None:
+        check_attention(self.attention, self.mla)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-class Eagle3Attention(nn.Module):
-    """GQA attention whose q/k/v read the 2H-wide `[norm(embed); norm(hidden)]` input."""
-
-    def __init__(self, spec: Eagle3Spec) -> None:
-        super().__init__()
-        self.h, self.g, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.q_proj = nn.Linear(2 * spec.hidden_size, self.h * self.d, bias=False)
-        self.k_proj = nn.Linear(2 * spec.hidden_size, self.g * self.d, bias=False)
-        self.v_proj = nn.Linear(2 * spec.hidden_size, self.g * self.d, bias=False)
-        self.o_proj = nn.Linear(self.h * self.d, spec.hidden_size, bias=False)
-
-    def qkv(
-        self, x_BS2H: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rotated `q` `[B, h, S, d]`, `k` and `v` `[B, h, S, d]` (kv heads already repeated)."""
-        B, S, _ = x_BS2H.shape
-        q = self.q_proj(x_BS2H).view(B, S, self.h, self.d).transpose(1, 2)
-        k = self.k_proj(x_BS2H).view(B, S, self.g, self.d).transpose(1, 2)
-        v = self.v_proj(x_BS2H).view(B, S, self.g, self.d).transpose(1, 2)
-        rep = self.h // self.g
-        k = apply_rope(k, cos, sin).repeat_interleave(rep, dim=1)
-        return apply_rope(q, cos, sin), k, v.repeat_interleave(rep, dim=1)
 
 
 class Eagle3Layer(nn.Module):
@@ -70,7 +55,7 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = Eagle3Attention(spec)
+        self.self_attn = make_attention(spec)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = SwiGLU(spec.hidden_size, spec.intermediate_size)
 
@@ -78,6 +63,7 @@ class Eagle3Layer(nn.Module):
         return torch.cat([self.input_layernorm(embeds_BSH), self.hidden_norm(hidden_BSH)], dim=-1)
 
     def finish(self, attn_BhSd: torch.Tensor, hidden_BSH: torch.Tensor) -> torch.Tensor:
+        """Layer output `[B, S, H]` from the attention output `[B, h, S, dv]` (before `o_proj`)."""
         B, h, S, d = attn_BhSd.shape
         residual = hidden_BSH + self.self_attn.o_proj(attn_BhSd.transpose(1, 2).reshape(B, S, h * d))
         return residual + self.mlp(self.post_attention_layernorm(residual))
@@ -89,7 +75,6 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, spec: Eagle3Spec) -> None:
         super().__init__()
         self.spec = spec
-        self._rope_scaling = RopeScaling.from_config(spec.rope_scaling)
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         if spec.fc_norm:
@@ -111,7 +96,8 @@ class Eagle3Drafter(nn.Module):
         return self.fc(taps_BSNHt)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_tables(positions, self.spec.head_dim, self.spec.rope_theta, self._rope_scaling)
+        """The attention's RoPE tables `[..., d_rope]` (head_dim for GQA, qk_rope_head_dim for MLA)."""
+        return self.midlayer.self_attn.rope(positions)
 
     def head(self, h_out_BSH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits `[B, S, Vd]` and the hidden state passed to the next depth."""
@@ -138,7 +124,8 @@ class Eagle3Drafter(nn.Module):
         """
         B, S = input_ids_BS.shape
         hidden = self.fuse(features_BSF)
-        scale = 1.0 / math.sqrt(self.spec.head_dim)
+        attn = self.midlayer.self_attn
+        scale = attn.scale
         causal = torch.ones(S, S, dtype=torch.bool, device=input_ids_BS.device).tril()
         base_k = base_v = None
         diag_k: list[torch.Tensor] = []
@@ -146,9 +133,8 @@ class Eagle3Drafter(nn.Module):
         outputs = []
         for k in range(depth):
             tokens = shift_left(input_ids_BS, 1 + k)
-            cos, sin = self.rope(torch.arange(S, device=input_ids_BS.device) + k)
             x = self.midlayer.attn_input(self.embed_tokens(tokens), hidden)
-            q, kk, vv = self.midlayer.self_attn.qkv(x, cos, sin)
+            q, kk, vv = attn.qkv(x, torch.arange(S, device=input_ids_BS.device) + k)
             if base_k is None:
                 base_k, base_v = kk, vv
             else:
