@@ -1,0 +1,160 @@
+"""Block-drafter layers: attention with context K/V injection (GQA and MLA) and DFlash2's dynamic conv.
+
+Context K/V injection (vLLM `DFlashQwen3Attention` + `precompute_and_store_context_kv`): the target context is
+projected by each layer's own k/v projections, normed and rotated at its own positions, and stored; the block
+queries attend over `[context K/V | block K/V]`. Nothing else of the layer runs on the context.
+
+Shape legend: B batch, S context length, Q block queries, K keys, H drafter width, h heads, g kv heads,
+d head width, G conv groups, T conv taps.
+"""
+
+import torch
+from torch import nn
+
+from drafters.dflash.spec import DFlashSpec
+from drafters.layers import RMSNorm, RopeScaling, apply_rope, rope_tables
+from drafters.mla import MLASpec, MLAttention
+
+
+def _positions_BS(positions: torch.Tensor, B: int) -> torch.Tensor:
+    return positions.expand(B, -1) if positions.dim() == 1 else positions
+
+
+class DFlashGQA(nn.Module):
+    """Qwen3 attention (per-head `q_norm`/`k_norm`, RoPE, scale 1/sqrt(d)) with injected context K/V."""
+
+    def __init__(self, spec: DFlashSpec) -> None:
+        super().__init__()
+        self.h, self.g, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.theta, self.rope_scaling = spec.rope_theta, RopeScaling.from_config(spec.rope_scaling)
+        self.q_proj = nn.Linear(spec.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(spec.hidden_size, self.g * self.d, bias=False)
+        self.v_proj = nn.Linear(spec.hidden_size, self.g * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, spec.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, spec.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, spec.rms_norm_eps)
+        self.scaling = self.d**-0.5
+
+    def _rope(self, positions_BS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(positions_BS, self.d, self.theta, self.rope_scaling)
+
+    def kv(self, x_BSH: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`k` (normed, rotated) and `v`, both `[B, g, S, d]`; `positions` `[S]` or `[B, S]`."""
+        B, S, _ = x_BSH.shape
+        cos, sin = self._rope(_positions_BS(positions, B))
+        k = self.k_norm(self.k_proj(x_BSH).view(B, S, self.g, self.d)).transpose(1, 2)
+        v = self.v_proj(x_BSH).view(B, S, self.g, self.d).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x_BQH: torch.Tensor,
+        positions: torch.Tensor,
+        ctx_kv: tuple[torch.Tensor, torch.Tensor],
+        mask_B1QK: torch.Tensor,
+    ) -> torch.Tensor:
+        """`[B, Q, H]`: the block attends over `[ctx | block]` keys where `mask_B1QK` is True."""
+        B, Q, _ = x_BQH.shape
+        cos, sin = self._rope(_positions_BS(positions, B))
+        q = self.q_norm(self.q_proj(x_BQH).view(B, Q, self.h, self.d)).transpose(1, 2)
+        k, v = self.kv(x_BQH, positions)
+        k, v = torch.cat([ctx_kv[0], k], dim=2), torch.cat([ctx_kv[1], v], dim=2)
+        rep = self.h // self.g
+        out = nn.functional.scaled_dot_product_attention(
+            apply_rope(q, cos, sin),
+            k.repeat_interleave(rep, dim=1),
+            v.repeat_interleave(rep, dim=1),
+            attn_mask=mask_B1QK,
+            scale=self.scaling,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(B, Q, self.h * self.d))
+
+
+def mla_spec(spec: DFlashSpec) -> MLASpec:
+    """The `MLASpec` of a drafter layer: `spec.mla` shapes plus the drafter's width, heads, eps and RoPE."""
+    allowed = {"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}
+    unknown = sorted(set(spec.mla or {}) - allowed)
+    if unknown:
+        raise ValueError(f"dflash.mla: unknown fields {unknown} (allowed: {sorted(allowed)})")
+    return MLASpec(
+        hidden_size=spec.hidden_size,
+        num_heads=spec.num_heads,
+        rms_norm_eps=spec.rms_norm_eps,
+        rope_theta=spec.rope_theta,
+        rope_scaling=spec.rope_scaling,
+        **spec.mla,
+    )
+
+
+class DFlashMLA(MLAttention):
+    """MLA (HF DeepSeek-V3 names) with injected context K/V; no q_norm/k_norm (the latent norms play that part)."""
+
+    def __init__(self, spec: DFlashSpec) -> None:
+        super().__init__(mla_spec(spec))
+
+    def kv(self, x_BSH: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`k` `[B, h, S, dn + dr]` (RoPE on the last dr dims) and `v` `[B, h, S, dv]`, as `project` gives them."""
+        sp = self.spec
+        B, S, _ = x_BSH.shape
+        h, dn, dr, dv = sp.num_heads, sp.qk_nope_head_dim, sp.qk_rope_head_dim, sp.v_head_dim
+        latent, k_rot = self.kv_a_proj_with_mqa(x_BSH).split([sp.kv_lora_rank, dr], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, S, h, dn + dv).transpose(1, 2)
+        k_nope, v = kv.split([dn, dv], dim=-1)
+        cos, sin = rope_tables(_positions_BS(positions, B), dr, sp.rope_theta, self.rope_scaling)
+        k_rot = apply_rope(k_rot.view(B, 1, S, dr), cos, sin).expand(B, h, S, dr)
+        return torch.cat([k_nope, k_rot], -1), v
+
+    def forward(
+        self,
+        x_BQH: torch.Tensor,
+        positions: torch.Tensor,
+        ctx_kv: tuple[torch.Tensor, torch.Tensor],
+        mask_B1QK: torch.Tensor,
+    ) -> torch.Tensor:
+        B, Q, _ = x_BQH.shape
+        q, k, v = self.project(x_BQH, _positions_BS(positions, B))
+        k, v = torch.cat([ctx_kv[0], k], dim=2), torch.cat([ctx_kv[1], v], dim=2)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1QK, scale=self.scaling)
+        return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
+
+
+class GroupedConv(nn.Module):
+    """DFlash2's dynamic depthwise conv over block positions (vLLM `DFlashGroupedConv`, `qwen3_dflash2.py`).
+
+    `prepare(x)` reads per-row, per-group kernel corrections `delta` `[B, Q, 2, T, G]` from
+    `kernel_projection(x)` (x = the normed sublayer input), convolves x with side 0 and returns side 1's
+    corrections; `finish(y, delta1)` convolves the sublayer output with side 1. Output row t, channel c:
+    `sum_j [pos(t) >= j] * (base_kernel[side, j, c] + delta[t, j, group(c)]) * x[t - j, c]`, where pos(t) is
+    t's offset inside its block, so nothing leaks across block boundaries. Queries are laid out in whole
+    blocks (`Q` a multiple of `block_size`), as in training and in vLLM's per-request query layout.
+    Identity init (base tap 0 = 1, the rest 0, zero projection) makes the layer plain DFlash.
+    """
+
+    def __init__(self, hidden_size: int, taps: int, group_size: int, block_size: int) -> None:
+        super().__init__()
+        self.taps, self.group_size, self.block_size = taps, group_size, block_size
+        self.num_groups = hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden_size))
+        with torch.no_grad():
+            self.base_kernel[:, 0] = 1.0
+        self.kernel_projection = nn.Linear(hidden_size, 2 * taps * self.num_groups, bias=False)
+        nn.init.zeros_(self.kernel_projection.weight)
+
+    def _convolve(self, x_BQH: torch.Tensor, delta_BQTG: torch.Tensor, side: int) -> torch.Tensor:
+        B, Q, H = x_BQH.shape
+        x = x_BQH.view(B, Q, self.num_groups, self.group_size)
+        coef = self.base_kernel[side].view(1, 1, self.taps, self.num_groups, self.group_size) + delta_BQTG[..., None]
+        pos = torch.arange(Q, device=x_BQH.device) % self.block_size
+        out = coef[:, :, 0] * x
+        for j in range(1, self.taps):
+            shifted = nn.functional.pad(x[:, :-j], (0, 0, 0, 0, j, 0))
+            out = out + coef[:, :, j] * shifted * (pos >= j).view(1, Q, 1, 1)
+        return out.reshape(B, Q, H)
+
+    def prepare(self, x_BQH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, Q, _ = x_BQH.shape
+        delta = self.kernel_projection(x_BQH).view(B, Q, 2, self.taps, self.num_groups)
+        return self._convolve(x_BQH, delta[:, :, 0], 0), delta[:, :, 1]
+
+    def finish(self, y_BQH: torch.Tensor, delta_BQTG: torch.Tensor) -> torch.Tensor:
+        return self._convolve(y_BQH, delta_BQTG, 1)
