@@ -1,0 +1,112 @@
+"""The DSpark objective: `0.1 * CE + 0.9 * L1 + 1.0 * BCE`, each a slot-weighted mean (algorithms.md §1(c), §4).
+
+Per counted slot (row): CE of the gold label under the draft distribution p_d (backbone logits plus the
+Markov bias); L1 = sum_v |p_d - p_t| (twice the total variation to the target distribution p_t, so 1 - L1/2
+is exactly the acceptance probability of speculative sampling at that slot); BCE-with-logits of the
+confidence logit toward `c* = clamp(1 - L1/2, 0, 1)`, detached so the confidence head learns to *predict*
+acceptance without pulling the draft distribution toward whatever makes it easy to predict.
+
+Each term is `sum(w * term) / sum(w)` over the counted rows, with w = `weights_K[slot]` (DSpark:
+exp(-k/4)). With a pruned draft vocabulary p_t is the target distribution renormalised over the draft ids
+(`target_logp`), and rows whose label is outside the draft vocabulary must not be counted.
+
+Shape legend: B batch, N anchors, K block slots, V target vocabulary, Vout output (draft) vocabulary,
+Ht target width, n counted rows.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from drafters.objective import StepLoss
+
+DEFAULT_MIX = (0.1, 0.9, 1.0)
+
+
+def target_logp(target_head_VH: torch.Tensor, last_hidden_nH: torch.Tensor, draft_ids: torch.Tensor | None = None):
+    """Target log-probabilities `[n, Vout]` at T = 1 from the target's post-norm last hidden state.
+
+    Args:
+        target_head_VH: the target's frozen lm_head weight `[V, Ht]`.
+        last_hidden_nH: the target's post-final-norm last hidden state at the position *before* each label.
+        draft_ids: target id of every draft id `[Vd]` (pruned vocabulary), or None for the full vocabulary.
+            Taking only those head rows and normalising over them is the renormalised target distribution.
+    """
+    head = target_head_VH if draft_ids is None else target_head_VH[draft_ids]
+    return (last_hidden_nH.float() @ head.float().T).log_softmax(-1)
+
+
+def _weighted_mean(values_n: torch.Tensor, w_n: torch.Tensor) -> torch.Tensor:
+    # An empty batch gives 0 (still attached to the graph), not NaN.
+    return (w_n * values_n).sum() / w_n.sum().clamp(min=torch.finfo(w_n.dtype).tiny)
+
+
+def _per_slot(values_n: torch.Tensor, slot_n: torch.Tensor, count_K: torch.Tensor) -> torch.Tensor:
+    sums = torch.zeros(count_K.numel(), dtype=values_n.dtype, device=values_n.device)
+    return sums.index_add(0, slot_n, values_n) / count_K.clamp(min=1)
+
+
+def dspark_rows(
+    logits_nV: torch.Tensor,
+    conf_logit_n: torch.Tensor,
+    target_logp_nV: torch.Tensor,
+    labels_n: torch.Tensor,
+    slot_n: torch.Tensor,
+    weights_K: torch.Tensor,
+    mix: tuple[float, float, float] = DEFAULT_MIX,
+) -> StepLoss:
+    """The DSpark loss over counted rows only (what `dspark_loss` reduces to; the objective calls it directly
+    so that padding and uncounted slots never pay for `[*, Vout]` logits).
+
+    Args:
+        logits_nV: draft logits including the Markov bias, `[n, Vout]`.
+        conf_logit_n: confidence logits `[n]`.
+        target_logp_nV: target log-probabilities over the same vocabulary `[n, Vout]`.
+        labels_n: gold label ids in the output vocabulary `[n]`.
+        slot_n: block slot of each row `[n]` (0..K-1).
+        weights_K: per-slot weights `[K]`.
+        mix: weights of (CE, L1, BCE) in the total.
+
+    Returns:
+        `StepLoss` whose total is `mix . (CE, L1, BCE)`; per slot k, step_loss is the same mix of the slot's
+        plain means, step_acc the fraction with argmax p_d == label, step_count the rows counted.
+    """
+    logp_d = logits_nV.float().log_softmax(-1)
+    ce = -logp_d.gather(-1, labels_n[:, None]).squeeze(-1)
+    l1 = (logp_d.exp() - target_logp_nV.float().exp()).abs().sum(-1)
+    accept = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
+    bce = F.binary_cross_entropy_with_logits(conf_logit_n.float(), accept, reduction="none")
+    w = weights_K.float().to(logits_nV.device)[slot_n]
+    total = sum(m * _weighted_mean(t, w) for m, t in zip(mix, (ce, l1, bce), strict=True))
+    count = torch.bincount(slot_n, minlength=weights_K.numel())
+    row_loss = (mix[0] * ce + mix[1] * l1 + mix[2] * bce).detach()
+    hit = (logp_d.argmax(-1) == labels_n).float()
+    return StepLoss(
+        total=total,
+        step_loss=_per_slot(row_loss, slot_n, count),
+        step_acc=_per_slot(hit, slot_n, count),
+        step_count=count,
+    )
+
+
+def dspark_loss(
+    logits_BNKV: torch.Tensor,
+    conf_logit_BNK: torch.Tensor,
+    target_logp_BNKV: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    weights_K: torch.Tensor,
+    mix: tuple[float, float, float] = DEFAULT_MIX,
+) -> StepLoss:
+    """The DSpark loss over whole blocks: `labels` `[B, N, K]` (output-vocabulary ids; anything where
+    invalid), `valid` `[B, N, K]` bool; the other shapes as named. See `dspark_rows`."""
+    K = weights_K.numel()
+    if logits_BNKV.shape[:-1] != valid.shape or labels.shape != valid.shape or valid.shape[-1] != K:
+        raise ValueError(
+            f"dspark_loss: logits {tuple(logits_BNKV.shape)}, labels {tuple(labels.shape)}, valid "
+            f"{tuple(valid.shape)} and weights_K ({K}) disagree on [B, N, K]"
+        )
+    valid = valid.bool()
+    slot = torch.arange(K, device=valid.device).expand_as(valid)[valid]
+    return dspark_rows(
+        logits_BNKV[valid], conf_logit_BNK[valid], target_logp_BNKV[valid], labels[valid], slot, weights_K, mix
+    )
