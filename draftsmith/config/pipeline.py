@@ -84,5 +84,11 @@ class PipelineConfig(StrictModel):
             raise ValueError(
                 f"drafter.conv_group_size: {d.conv_group_size} must divide target.hidden_size ({target.hidden_size})"
             )
+        if d.kind == "dflash2" and d.selector_rank and d.draft_vocab_size is not None:
+            # vLLM's DFlash2 walk indexes the selector codebooks with lm_head ids and emits them as target ids.
+            raise ValueError(
+                "drafter.draft_vocab_size: the DFlash2 candidate selector needs the full vocabulary "
+                "(set draft_vocab_size: null, or selector_rank: 0)"
+            )
         if d.kind == "dflash2" and d.selector_rank and d.selector_top_k > (d.draft_vocab_size or target.vocab_size):
             raise ValueError("drafter.selector_top_k: more candidates than the drafter's vocabulary")

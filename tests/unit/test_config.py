@@ -89,6 +89,10 @@ def _block_drafter(kind: str, **changes) -> dict:
             "drafter.conv_group_size: 5 must divide target.hidden_size (64)",
         ),
         (lambda d: d.update(drafter=_block_drafter("dspark", markov_rank=0)), "drafter.markov_rank: Input should be"),
+        (
+            lambda d: d.update(drafter=_block_drafter("dflash2", draft_vocab_size=512)),
+            "drafter.draft_vocab_size: the DFlash2 candidate selector needs the full vocabulary",
+        ),
         (lambda d: d["drafter"].update(attention="mla"), "drafter: Value error, mla: required when attention is 'mla'"),
         (lambda d: d["drafter"].update(kind="medusa"), "drafter: Input tag 'medusa' found using 'kind' does not"),
         (
@@ -115,6 +119,7 @@ def _block_drafter(kind: str, **changes) -> dict:
         "mask-token-outside-vocab",
         "conv-group",
         "markov-rank",
+        "selector-needs-full-vocab",
         "mla-without-shapes",
         "unknown-kind",
         "external-producers-without-addresses",
