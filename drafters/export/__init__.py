@@ -1,0 +1,1 @@
+"""Serving exports of trained drafters: engine conventions, guards, and the run-level `draftsmith export`."""

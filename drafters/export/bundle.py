@@ -1,0 +1,266 @@
+"""`draftsmith export`: a trained run's drafter as a serving folder for vLLM, SGLang or TokenSpeed.
+
+The folder holds `model.safetensors` (bf16 floats; d2t int64 and t2d bool where the vocabulary is pruned)
+and `config.json` with the fields the engine reads, plus a `draftsmith` block recording the taps and their
+convention, the capture point, the target's name and hashes, the recipe hash and the train stage key.
+Every guard in `drafters.export.guards` runs on the final bytes before anything is written; the folder
+appears atomically (written beside it, then renamed).
+"""
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from safetensors import safe_open
+
+from drafters.export import engines, guards
+from draftsmith import storage, tensorio
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TAP_CONVENTION = "residual stream after decoder layer k, counting from 1 (HF hidden_states[k])"
+_MODULES = {"eagle3": "drafters.eagle3.export", "dflash": "drafters.dflash.export", "dspark": "drafters.dspark.export"}
+# The recipe's `drafter.kind` -> the speculative method the engines call it.
+_KIND_TO_METHOD = {"dflash2": "dflash"}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    folder: str
+    method: str
+    engine: str
+    num_speculative_tokens: int
+    engine_args: list[str]
+    command: str
+    notes: list[str]
+
+    def render(self) -> str:
+        lines = [f"exported {self.method} drafter for {self.engine}: {self.folder}"]
+        if self.engine == "vllm":
+            cfg = engines.vllm_speculative_config(self.method, self.folder, self.num_speculative_tokens)
+            lines.append(f"--speculative-config '{json.dumps(cfg)}'")
+        else:
+            lines.append("speculative arguments: " + " ".join(self.engine_args))
+        lines.append(f"launch: {self.command}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def method_module(method: str) -> ModuleType:
+    if method not in _MODULES:
+        raise guards.ExportError(f"drafter kind {method!r}: expected one of {', '.join(_MODULES)}")
+    return importlib.import_module(_MODULES[method])
+
+
+def verify_blobs(
+    method: str,
+    engine: str,
+    blobs: dict[str, bytes],
+    *,
+    taps: list[int],
+    num_target_layers: int,
+    target_embed_VH: torch.Tensor | None = None,
+) -> None:
+    """Every guard, on the exact bytes that would be written. Raises `ExportError`."""
+    for name in (WEIGHTS, CONFIG):
+        if name not in blobs:
+            raise guards.ExportError(f"{name}: missing from the export")
+    module = method_module(method)
+    config = json.loads(blobs[CONFIG])
+    tensors, _ = tensorio.loads(blobs[WEIGHTS])
+    try:
+        expected = module.expected_shapes(config)
+        ids = module.config_layer_ids(config)
+    except (KeyError, TypeError, ValueError) as err:
+        raise guards.ExportError(f"{CONFIG}: cannot derive the expected keys: {err!r}") from None
+    guards.check_tensors(tensors, expected, WEIGHTS)
+    for name, value in tensors.items():
+        if value.is_floating_point() and value.dtype != torch.bfloat16:
+            raise guards.ExportError(f"{WEIGHTS}: key {name!r} is {value.dtype}, exports store bf16")
+    guards.check_draft_vocab(tensors, WEIGHTS)
+    guards.check_aux_ids(method, engine, taps, ids, num_target_layers, f"{CONFIG}: layer ids")
+    if "embed_tokens.weight" in tensors:
+        guards.check_embedding(tensors["embed_tokens.weight"], target_embed_VH, f"{WEIGHTS}: embed_tokens.weight")
+
+
+def export_drafter(
+    method: str,
+    model: torch.nn.Module,
+    taps: list[int],
+    metadata: dict,
+    *,
+    engine: str,
+    num_target_layers: int,
+    target_embed_VH: torch.Tensor | None,
+) -> dict[str, bytes]:
+    """The checked `{file: bytes}` of `model`'s serving folder for `engine`."""
+    engines.check_engine(engine, method)
+    # The engines share the target's embedding, so a drafter trained on a never-copied one would serve garbage.
+    guards.check_embedding(model.embed_tokens.weight.detach(), target_embed_VH, "drafter embed_tokens.weight")
+    metadata = {"num_target_layers": num_target_layers, **metadata}
+    module = method_module(method)
+    try:
+        if hasattr(module, "check_servable"):
+            module.check_servable(model.spec, engine)
+        blobs = module.checkpoint_blobs(model, taps, metadata, engine=engine)
+    except guards.ExportError:
+        raise
+    except ValueError as err:
+        raise guards.ExportError(f"{method} for {engine}: {err}") from None
+    verify_blobs(method, engine, blobs, taps=taps, num_target_layers=num_target_layers, target_embed_VH=target_embed_VH)
+    return blobs
+
+
+def write_folder(out: str | Path, blobs: dict[str, bytes]) -> Path:
+    """Write the files beside `out`, then swap the finished folder in (an old one is replaced whole)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, data in blobs.items():
+        (tmp / name).write_bytes(data)
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _tensor_index(folder: Path) -> dict[str, Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return {k: folder / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise guards.ExportError(f"{folder}: no safetensors weights to read the target's embedding from")
+    out = {}
+    for path in files:
+        with safe_open(str(path), "pt") as f:
+            out |= {k: path for k in f.keys()}
+    return out
+
+
+def target_weights(folder: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's input embedding and output head `[V, H]` (fp32), read without loading the model.
+
+    A target with tied embeddings (no `lm_head.weight`) returns the embedding twice.
+    """
+    folder = Path(folder)
+    index = _tensor_index(folder)
+
+    def read(suffix: str) -> torch.Tensor | None:
+        keys = sorted((k for k in index if k.endswith(suffix)), key=len)
+        if not keys:
+            return None
+        with safe_open(str(index[keys[0]]), "pt") as f:
+            return f.get_tensor(keys[0]).float()
+
+    embed = read("embed_tokens.weight")
+    if embed is None:
+        raise guards.ExportError(f"{folder}: no '*embed_tokens.weight' tensor in the target's weights")
+    head = read("lm_head.weight")
+    return embed, embed if head is None else head
+
+
+def target_sha256(folder: str | Path) -> str:
+    """Hash of the target's config.json and, for embedded targets, its per-file hash list (weights included)."""
+    folder = Path(folder)
+    h = hashlib.sha256((folder / "config.json").read_bytes())
+    record = folder / "draftsmith-target.json"
+    if record.exists():
+        h.update(record.read_bytes())
+    return h.hexdigest()
+
+
+def _load_trained(method: str, module: ModuleType, folder: str, embed: torch.Tensor, head: torch.Tensor):
+    """The fp32 drafter from the train stage folder; block drafters also take the target's lm_head."""
+    loaded = module.load_drafter(folder, embed) if method == "eagle3" else module.load_drafter(folder, embed, head)
+    return loaded[0] if isinstance(loaded, tuple) else loaded
+
+
+def _store_info(run_dir: str) -> dict:
+    """The hidden-state store's dataset.json ({} for an online run, which stores none)."""
+    path = storage.join(run_dir, "hidden_states", "dataset.json")
+    return storage.read_json(path) if storage.exists(path) else {}
+
+
+def run_metadata(cfg, train_dir: str, train_key: str, taps: list[int], store: dict, target_dir: Path) -> dict:
+    """The provenance embedded in config.json's `draftsmith` block."""
+    from draftsmith.config import dump_recipe
+
+    hs = cfg.hidden_states
+    return {
+        "tap_convention": TAP_CONVENTION,
+        "tap_point": store.get("tap_point", hs.tap_point),
+        "last_hidden": store.get("last_hidden", hs.last_hidden),
+        "target": cfg.target.name,
+        "target_source": cfg.target.source,
+        "target_sha256": target_sha256(target_dir),
+        "tokenizer_sha256": store.get("tokenizer_sha256", ""),
+        "recipe": cfg.name,
+        "recipe_sha256": hashlib.sha256(dump_recipe(cfg).encode()).hexdigest(),
+        "train_key": train_key,
+        "ttt_depth": getattr(cfg.drafter, "ttt_depth", None),
+        "train_stage": train_dir,
+        "max_position_embeddings": _target_config(target_dir).get("max_position_embeddings"),
+    }
+
+
+def _target_config(target_dir: Path) -> dict:
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    return config.get("text_config") or config
+
+
+def export_run(run_dir: str, engine: str, *, recipe: str | None = None, out: str | None = None) -> ExportResult:
+    """Export the drafter of a finished run (`<run>/train/`) for `engine` into `out` (default `<run>/export/<engine>`).
+
+    The recipe (`--recipe`, else `<run>/recipe.yaml`) names the target whose embedding the guards compare with.
+    """
+    from draftsmith.config import load_recipe
+    from draftsmith.stage import load_manifest
+    from draftsmith.target_setup import resolve_target
+
+    recipe = recipe or storage.join(run_dir, "recipe.yaml")
+    if not storage.exists(str(recipe)):
+        raise guards.ExportError(f"{recipe}: recipe not found; pass --recipe with the recipe the run used")
+    cfg = load_recipe(recipe)
+    train_dir = storage.join(run_dir, "train")
+    manifest = load_manifest(train_dir)
+    if manifest is None:
+        raise guards.ExportError(f"{storage.join(train_dir, 'manifest.json')}: the train stage has not finished")
+    trained = storage.read_json(storage.join(train_dir, CONFIG)).get("draftsmith") or {}
+    kind = manifest.info.get("drafter") or trained.get("method") or cfg.drafter.kind
+    method = _KIND_TO_METHOD.get(kind, kind)
+    taps = [int(t) for t in trained.get("taps") or []]
+    store = _store_info(run_dir)
+    if store and list(store.get("taps", [])) != taps:
+        raise guards.ExportError(f"hidden_states/dataset.json: taps {store.get('taps')} != train/config.json {taps}")
+    target_dir = resolve_target(cfg.target.source)
+    embed, head = target_weights(target_dir)
+    module = method_module(method)
+    model = _load_trained(method, module, train_dir, embed, head)
+    metadata = run_metadata(cfg, train_dir, manifest.key, taps, store, target_dir)
+    blobs = export_drafter(
+        method, model, taps, metadata, engine=engine, num_target_layers=cfg.target.num_layers, target_embed_VH=embed
+    )
+    folder = write_folder(out or storage.join(run_dir, "export", engine), blobs)
+    config = json.loads(blobs[CONFIG])
+    n = module.num_speculative_tokens(config, getattr(cfg.drafter, "ttt_depth", None))
+    path = str(folder.resolve())
+    return ExportResult(
+        folder=path,
+        method=method,
+        engine=engine,
+        num_speculative_tokens=n,
+        engine_args=engines.engine_args(method, engine, path, n),
+        command=engines.launch_command(method, engine, str(target_dir), path, n),
+        notes=engines.engine_notes(method, engine),
+    )

