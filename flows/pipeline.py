@@ -3,7 +3,7 @@
 from prefect import flow
 
 from draftsmith import storage
-from draftsmith.config import PipelineConfig
+from draftsmith.config import PipelineConfig, record_recipe
 from draftsmith.manifest import StageManifest
 from flows.hidden_states import hidden_states_flow
 from tasks.evaluate import evaluate_task
@@ -21,6 +21,7 @@ def default_run_dir(config: PipelineConfig) -> str:
 def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, StageManifest | None]:
     """Select prompts, regenerate, tokenize, capture hidden states, train and evaluate a drafter."""
     run_dir = run_dir or default_run_dir(config)
+    record_recipe(config, run_dir)
     prompts = select_prompts_task(config.select, config.target, config.seed, run_dir)
     conversations = regenerate_task(config.regenerate, config.target, prompts, config.seed, run_dir)
     tokens = tokenize_task(config.tokenize, config.target, conversations, run_dir)

@@ -105,7 +105,9 @@ def train(
             with OnlineSource(hidden_cfg, target, tokens, epochs=cfg.epochs, run_id=key[:12]) as online:
                 report = fit(*online_batches(online, tokens, cfg, hidden_cfg, seed))
                 num_samples, source = online.stream.consumed, "online"
-        return _result(uri, family, drafter, report, target, hidden_cfg, key, num_samples, drafter_cfg.kind, source)
+        max_positions = int(getattr(target_model.config, "max_position_embeddings", 0) or 0) or None
+        result = (report, target, hidden_cfg, key, num_samples, drafter_cfg.kind, source, max_positions)
+        return _result(uri, family, drafter, *result)
 
     return run_stage(STAGE, out_uri, key, compute)
 
@@ -121,8 +123,15 @@ def _result(
     num_samples: int,
     kind: str,
     source: str,
+    max_positions: int | None,
 ) -> StageResult:
-    meta = {"target": target.name, "train_key": key, "tap_convention": "residual after layer k, from 1"}
+    meta = {
+        "target": target.name,
+        "train_key": key,
+        "tap_convention": "residual after layer k, from 1",
+        "num_target_layers": target.num_layers,
+        "max_position_embeddings": max_positions,
+    }
     blobs = family.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
     blobs["metrics.jsonl"] = "".join(json.dumps(h) + "\n" for h in report.history).encode()
     files = [file_entry(uri, name, blob) for name, blob in blobs.items()]

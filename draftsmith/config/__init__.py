@@ -2,7 +2,7 @@
 
 from draftsmith.config.drafter import DFlash2Config, DrafterConfig, DSparkConfig, Eagle3Config
 from draftsmith.config.hidden_states import HiddenStatesConfig
-from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe
+from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe, record_recipe
 from draftsmith.config.pipeline import PipelineConfig
 from draftsmith.config.regenerate import RegenerateConfig
 from draftsmith.config.select import SelectConfig
@@ -33,4 +33,5 @@ __all__ = [
     "TrainConfig",
     "dump_recipe",
     "load_recipe",
+    "record_recipe",
 ]

@@ -94,3 +94,16 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
 def dump_recipe(cfg: PipelineConfig) -> str:
     """The recipe as YAML, every default spelled out."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def record_recipe(cfg: PipelineConfig, run_dir: str) -> str:
+    """Write the resolved recipe to `<run_dir>/recipe.yaml` (atomically) and return its URL.
+
+    What later tools read back: `draftsmith export RUN` takes the target and taps from it, and anyone can
+    rerun exactly this run with `draftsmith run <run_dir>/recipe.yaml`.
+    """
+    from draftsmith import storage
+
+    url = storage.join(run_dir, "recipe.yaml")
+    storage.write_bytes(url, dump_recipe(cfg).encode())
+    return url

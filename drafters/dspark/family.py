@@ -1,0 +1,54 @@
+"""DSpark as a drafter family (`drafters.families`): the DFlash backbone plus its Markov and confidence heads."""
+
+import functools
+
+import torch
+
+from drafters import families
+from drafters.dflash import decode as block_decode
+from drafters.dflash import family as dflash_family
+from drafters.dspark import decode, export
+from drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective
+from draftsmith.config import DSparkConfig
+
+
+def build(cfg: DSparkConfig, inputs: families.BuildInputs) -> DSparkDrafter:
+    spec = DSparkSpec(
+        **dflash_family.block_spec(cfg, inputs),
+        markov_rank=cfg.markov_rank,
+        enable_confidence_head=cfg.confidence_head,
+    )
+    return dflash_family.init_block(DSparkDrafter(spec), inputs)
+
+
+def objective(cfg: DSparkConfig, model: DSparkDrafter, head_VHt: torch.Tensor, seed: int):
+    """`0.1 CE + 0.9 L1 + 1.0 BCE` (the recipe's `loss_weights`) against the target's own distribution."""
+    return functools.partial(
+        dspark_objective,
+        target_head_VH=head_VHt,
+        generator=torch.Generator().manual_seed(seed),
+        num_anchors=cfg.num_anchors,
+        gamma=cfg.gamma,
+        mix=tuple(cfg.loss_weights),
+    )
+
+
+def checkpoint_blobs(model: DSparkDrafter, taps: list[int], metadata: dict) -> dict[str, bytes]:
+    return export.checkpoint_blobs(model, taps, metadata)
+
+
+def load(folder: str, target_model) -> tuple[DSparkDrafter, list[int]]:
+    return export.load_drafter(folder, *dflash_family.shared_weights(target_model))
+
+
+def generate(target, drafter: DSparkDrafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos):
+    """Every slot drafts (B per round), each from backbone logits plus the previous draft's Markov bias."""
+    return block_decode.speculative_generate(
+        target, drafter, taps, prompt_S, max_new=max_new, eos=eos, propose=decode.propose
+    )
+
+
+def code_modules() -> list:
+    import drafters.dspark as pkg
+
+    return dflash_family.code_modules() + dflash_family.package_modules(pkg)
