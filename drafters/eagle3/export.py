@@ -9,6 +9,7 @@ import json
 
 import torch
 
+from drafters.eagle3.attention import serving_fields
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from drafters.export import engines
 from drafters.vocab import check_vocab
@@ -44,6 +45,8 @@ def serving_config(spec: Eagle3Spec, taps: list[int], metadata: dict, engine: st
         "torch_dtype": "bfloat16",
         "fc_norm": spec.fc_norm,
         "norm_output": spec.norm_output,
+        # The MLA variant (eagle3.1-mla) is vLLM's `Eagle3DeepseekV3ForCausalLM`: its fields override the Llama ones.
+        **serving_fields(spec),
         "draftsmith": {"spec": spec.to_dict(), "taps": list(taps), "engine": engine, **metadata},
     }
 

@@ -44,12 +44,18 @@ def _bf16_copy(model: Eagle3Drafter) -> Eagle3Drafter:
     return twin
 
 
+MLA = {"kv_lora_rank": 12, "q_lora_rank": 10, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6}
+
+
 @torch.no_grad()
-@pytest.mark.parametrize("engine", engines.ENGINES)
-def test_eagle3_export_load_identical_logits(tmp_path, engine):
+@pytest.mark.parametrize(
+    ("engine", "attention"), [(e, "gqa") for e in engines.ENGINES] + [("vllm", "mla"), ("sglang", "mla")]
+)
+def test_eagle3_export_load_identical_logits(tmp_path, engine, attention):
     spec = Eagle3Spec(
         hidden_size=32, target_hidden_size=24, num_taps=3, num_heads=4, num_kv_heads=2, head_dim=8,
         intermediate_size=48, vocab_size=90, draft_vocab_size=30, fc_norm=True, norm_output=True,
+        attention=attention, mla=MLA if attention == "mla" else None,
     )  # fmt: skip
     embed = torch.randn(90, 32)
     model = _drafter(spec, embed)
@@ -62,6 +68,13 @@ def test_eagle3_export_load_identical_logits(tmp_path, engine):
     assert loaded_taps == taps
     config = json.loads((folder / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == engines.aux_layer_ids("eagle3", engine, taps)
+    if attention == "mla":  # vLLM's deepseek_eagle3 loader: DeepSeek-V3 config fields, interleaved RoPE
+        assert config["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and config["model_type"] == "deepseek_v3"
+        assert config["kv_lora_rank"] == 12 and config["q_lora_rank"] == 10 and config["rope_interleave"] is True
+        assert (
+            "midlayer.self_attn.kv_a_proj_with_mqa.weight"
+            in tensorio.loads((folder / "model.safetensors").read_bytes())[0]
+        )
     ids = torch.randint(0, 90, (2, 11))
     feats = torch.randn(2, 11, 72) * 3
     want = _bf16_copy(model).ttt_forward(ids, feats, 3)
