@@ -32,6 +32,7 @@ class MLASpec:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
+    rope_interleave: bool = False  # rotate pairs (2i, 2i+1), as vLLM's MLA (is_neox_style=False) does
 
 
 class MLAttention(nn.Module):
@@ -60,18 +61,43 @@ class MLAttention(nn.Module):
         self, x_BSD: torch.Tensor, positions_S: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`q` and `k` `[B, h, S, dn + dr]` (RoPE applied to the last dr dims), `v` `[B, h, S, dv]`."""
+        return self.query(x_BSD, positions_S), *self.kv(x_BSD, positions_S)
+
+    def query(self, x_BSD: torch.Tensor, positions_S: torch.Tensor) -> torch.Tensor:
+        """`q` `[B, h, S, dn + dr]`; `positions` `[S]` or `[B, S]`."""
+        sp = self.spec
+        B, S, _ = x_BSD.shape
+        dn, dr = sp.qk_nope_head_dim, sp.qk_rope_head_dim
+        q = self.q_proj(x_BSD) if sp.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BSD)))
+        q = q.view(B, S, sp.num_heads, dn + dr).transpose(1, 2)
+        cos, sin = self.rope(positions_S)
+        return torch.cat([q[..., :dn], apply_rope(self._layout(q[..., dn:]), cos, sin)], -1)
+
+    def kv(self, x_BSD: torch.Tensor, positions_S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`k` `[B, h, S, dn + dr]` (one rotary part shared by the heads) and `v` `[B, h, S, dv]`."""
         sp = self.spec
         B, S, _ = x_BSD.shape
         h, dn, dr, dv = sp.num_heads, sp.qk_nope_head_dim, sp.qk_rope_head_dim, sp.v_head_dim
-        q = self.q_proj(x_BSD) if sp.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BSD)))
-        q = q.view(B, S, h, dn + dr).transpose(1, 2)
         latent, k_rot = self.kv_a_proj_with_mqa(x_BSD).split([sp.kv_lora_rank, dr], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, S, h, dn + dv).transpose(1, 2)
         k_nope, v = kv.split([dn, dv], dim=-1)
-        cos, sin = rope_tables(positions_S, dr, sp.rope_theta, self.rope_scaling)
-        q_rot = apply_rope(q[..., dn:], cos, sin)
-        k_rot = apply_rope(k_rot.view(B, 1, S, dr), cos, sin).expand(B, h, S, dr)
-        return torch.cat([q[..., :dn], q_rot], -1), torch.cat([k_nope, k_rot], -1), v
+        cos, sin = self.rope(positions_S)
+        k_rot = apply_rope(self._layout(k_rot.view(B, 1, S, dr)), cos, sin).expand(B, h, S, dr)
+        return torch.cat([k_nope, k_rot], -1), v
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(positions, self.spec.qk_rope_head_dim, self.spec.rope_theta, self.rope_scaling)
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        """Interleaved pairs `(x[2i], x[2i+1])` moved to `(y[i], y[i + d/2])` so half-split RoPE rotates them.
+
+        The rotated dims then come out de-interleaved (as HF does); q and k share that order, so `q @ k^T` is
+        exactly the interleaved-RoPE score.
+        """
+        if not self.spec.rope_interleave:
+            return x
+        *lead, d = x.shape
+        return x.view(*lead, d // 2, 2).transpose(-1, -2).reshape(*lead, d)
 
     def forward(self, x_BSD: torch.Tensor, positions_S: torch.Tensor, mask_B1QK: torch.Tensor) -> torch.Tensor:
         """`[B, S, D]`; `mask_B1QK` is a boolean mask (`drafters.masks.dense`), True where attention is allowed."""

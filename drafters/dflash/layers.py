@@ -92,17 +92,7 @@ class DFlashMLA(MLAttention):
     def __init__(self, spec: DFlashSpec) -> None:
         super().__init__(mla_spec(spec))
 
-    def kv(self, x_BSH: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`k` `[B, h, S, dn + dr]` (RoPE on the last dr dims) and `v` `[B, h, S, dv]`, as `project` gives them."""
-        sp = self.spec
-        B, S, _ = x_BSH.shape
-        h, dn, dr, dv = sp.num_heads, sp.qk_nope_head_dim, sp.qk_rope_head_dim, sp.v_head_dim
-        latent, k_rot = self.kv_a_proj_with_mqa(x_BSH).split([sp.kv_lora_rank, dr], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, S, h, dn + dv).transpose(1, 2)
-        k_nope, v = kv.split([dn, dv], dim=-1)
-        cos, sin = rope_tables(_positions_BS(positions, B), dr, sp.rope_theta, self.rope_scaling)
-        k_rot = apply_rope(k_rot.view(B, 1, S, dr), cos, sin).expand(B, h, S, dr)
-        return torch.cat([k_nope, k_rot], -1), v
+    # `kv(x, positions)` (context and block K/V alike) is MLAttention's.
 
     def forward(
         self,
@@ -112,7 +102,7 @@ class DFlashMLA(MLAttention):
         mask_B1QK: torch.Tensor,
     ) -> torch.Tensor:
         B, Q, _ = x_BQH.shape
-        q, k, v = self.project(x_BQH, _positions_BS(positions, B))
+        q, k, v = self.project(x_BQH, positions)
         k, v = torch.cat([ctx_kv[0], k], dim=2), torch.cat([ctx_kv[1], v], dim=2)
         out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1QK, scale=self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))

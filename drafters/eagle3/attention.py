@@ -103,13 +103,8 @@ def mla_spec(spec: Eagle3Spec) -> MLASpec:
         rms_norm_eps=spec.rms_norm_eps,
         rope_theta=spec.rope_theta,
         rope_scaling=spec.rope_scaling,
+        rope_interleave=True,
     )
-
-
-def _deinterleave(x: torch.Tensor) -> torch.Tensor:
-    """`[..., d]` pairs `(x[2i], x[2i+1])` moved to `(y[i], y[i + d/2])`, so half-split RoPE rotates them."""
-    *lead, d = x.shape
-    return x.view(*lead, d // 2, 2).transpose(-1, -2).reshape(*lead, d)
 
 
 class MLAEagle3Attention(MLAttention):
@@ -121,28 +116,6 @@ class MLAEagle3Attention(MLAttention):
         # The parent sizes o_proj to its input width (2H); the draft layer's residual is H wide.
         self.o_proj = nn.Linear(sp.num_heads * sp.v_head_dim, spec.hidden_size, bias=False)
         self.scale = self.scaling
-
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_tables(positions, self.spec.qk_rope_head_dim, self.spec.rope_theta, self.rope_scaling)
-
-    def project(self, x_BSD: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`q`, `k` `[B, h, S, dn + dr]` and `v` `[B, h, S, dv]`; RoPE on interleaved pairs of the last dr dims.
-
-        The rotated dims come out de-interleaved (as HF does); q and k share that order, so `q @ k^T` is
-        exactly the interleaved-RoPE score vLLM computes.
-        """
-        sp = self.spec
-        B, S, _ = x_BSD.shape
-        h, dn, dr, dv = sp.num_heads, sp.qk_nope_head_dim, sp.qk_rope_head_dim, sp.v_head_dim
-        q = self.q_proj(x_BSD) if sp.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BSD)))
-        q = q.view(B, S, h, dn + dr).transpose(1, 2)
-        latent, k_rot = self.kv_a_proj_with_mqa(x_BSD).split([sp.kv_lora_rank, dr], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, S, h, dn + dv).transpose(1, 2)
-        k_nope, v = kv.split([dn, dv], dim=-1)
-        cos, sin = self.rope(positions)
-        q_rot = apply_rope(_deinterleave(q[..., dn:]), cos, sin)
-        k_rot = apply_rope(_deinterleave(k_rot.view(B, 1, S, dr)), cos, sin).expand(B, h, S, dr)
-        return torch.cat([q[..., :dn], q_rot], -1), torch.cat([k_nope, k_rot], -1), v
 
     def qkv(self, x_BS2H: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.project(x_BS2H, positions)
