@@ -1,4 +1,5 @@
-"""DFlash2 and DSpark through the real train and evaluate stages on the tiny target (shared upstream stages).
+"""Drafter families through the real train and evaluate stages on the tiny target (shared upstream stages):
+DFlash2, DSpark, and EAGLE-3.1 with MLA attention trained by anchored TTT.
 
 Each family trains from the tiny run's hidden-state store, writes its serving checkpoint, loads it back and
 decodes the held-out prompts speculatively; greedy verification must leave every output equal to plain
@@ -32,6 +33,30 @@ CASES = {
         3,
     ),
     "dspark": (BLOCK | {"kind": "dspark", "block_size": 4, "markov_rank": 8}, "Qwen3DSparkModel", 4),
+    "eagle3": (
+        {
+            "kind": "eagle3",
+            "attention": "mla",
+            "mla": {
+                "kv_lora_rank": 16,
+                "q_lora_rank": 24,
+                "qk_nope_head_dim": 8,
+                "qk_rope_head_dim": 8,
+                "v_head_dim": 8,
+            },
+            "num_heads": 4,
+            "num_kv_heads": 4,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "draft_vocab_size": 512,
+            "ttt_depth": 3,
+            "fc_norm": True,
+            "norm_output": True,
+            "anchored": {"num_anchors": 8, "max_gap": 2},
+        },
+        "Eagle3DeepseekV3ForCausalLM",
+        3,
+    ),
 }
 
 
@@ -55,7 +80,7 @@ def test_block_drafter_trains_and_decodes_losslessly(kind, tiny_cfg, tiny_run):
     assert config["draftsmith"]["taps"] == cfg.hidden_states.taps
     history = storage.read_jsonl(ckpt.path("metrics.jsonl"))
     assert len(history) == ckpt.counts["steps"] > 1
-    assert len(history[0]["acc"]) == (3 if kind == "dflash2" else 4)  # one accuracy per predicting slot
+    assert len(history[0]["acc"]) == drafts  # one accuracy per predicting slot (TTT depth for EAGLE-3)
     assert history[-1]["loss"] < history[0]["loss"]
     ev = evaluate(cfg.evaluate, cfg.drafter, cfg.target, tiny_run["select_prompts"], ckpt, out_uri=f"{run}/evaluate")
     results = storage.read_json(ev.path("results.json"))
