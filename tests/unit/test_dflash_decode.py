@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from drafters.dflash import DFlashDrafter, DFlashSpec
 from drafters.dflash.decode import speculative_generate
 from drafters.eagle3.decode import greedy_generate
 from engines.hf import TapRecorder
+from tests.small_llama import small_llama
 
 pytestmark = pytest.mark.unit
 
@@ -40,22 +41,7 @@ def _drafter(vocab: int, ht: int, seed: int, **kw) -> DFlashDrafter:
 @pytest.fixture(scope="module")
 def small_vocab_target():
     """A 12-token Llama, so a random drafter's guesses are sometimes accepted and rollback is exercised."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=12,
-        hidden_size=24,
-        intermediate_size=48,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-    return model
+    return small_llama(12, 24, seed=0)
 
 
 SMALL = {

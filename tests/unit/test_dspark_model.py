@@ -9,6 +9,7 @@ from drafters.dspark.decode import draft_block, propose
 from drafters.dspark.loss import dspark_loss, target_logp
 from drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective, output_labels
 from drafters.vocab import build_draft_vocab
+from tests.small_llama import small_llama
 
 pytestmark = pytest.mark.unit
 
@@ -182,17 +183,11 @@ TAPS3 = [1, 2, 3]
 
 def test_speculative_decoding_equals_greedy_with_rollback_on_a_small_vocabulary():
     """A 12-token target, so the random drafter is sometimes right: acceptance and rollback both happen."""
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from drafters.dflash.decode import speculative_generate
     from drafters.eagle3.decode import greedy_generate
 
-    torch.manual_seed(0)
-    cfg = dict(vocab_size=12, hidden_size=24, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
-    target = LlamaForCausalLM(LlamaConfig(**cfg, num_key_value_heads=2, tie_word_embeddings=False)).eval()
-    with torch.no_grad():
-        for p in target.parameters():
-            p.normal_(0, 0.5)
+    target = small_llama(12, 24, seed=0)
     drafter = _random_drafter(12, 24, seed=3, draft_vocab_size=8)
     drafter.d2t.copy_(torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))  # target ids 0 1 3 4 6 7 9 10
     drafter.t2d.zero_()

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import DeepseekV3Config, LlamaConfig, LlamaForCausalLM
+from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 
 from drafters.anchors import strided_anchors
@@ -11,6 +11,7 @@ from drafters.eagle3.attention import serving_fields
 from drafters.eagle3.decode import DraftCache, _draft_forward, greedy_generate, speculative_generate
 from drafters.eagle3.loss import position_mask, ttt_loss
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from tests.small_llama import small_llama
 
 pytestmark = pytest.mark.unit
 
@@ -184,23 +185,8 @@ def test_mla_anchored_ttt_equals_dense_ttt():
         torch.testing.assert_close(sampled[d][keep], want, rtol=1e-5, atol=1e-5)
 
 
-def _tiny_target(vocab: int) -> LlamaForCausalLM:
-    torch.manual_seed(1)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=HT,
-        intermediate_size=48,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-    return model
+def _tiny_target(vocab: int):
+    return small_llama(vocab, HT, seed=1)
 
 
 def test_speculative_decoding_with_an_mla_drafter_equals_target_greedy():
