@@ -16,8 +16,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from drafters.layers import RopeScaling
-from drafters.trainer import Objective
-from draftsmith.config import DrafterConfig, TargetConfig
+from draftsmith.config import TargetConfig
 
 
 @dataclass(frozen=True)
@@ -49,15 +48,6 @@ def family(kind: str) -> Any:
     if kind not in FAMILIES:
         raise ValueError(f"drafter.kind: unknown drafter family {kind!r} (known: {', '.join(FAMILIES)})")
     return importlib.import_module(FAMILIES[kind])
-
-
-def build(cfg: DrafterConfig, inputs: BuildInputs) -> nn.Module:
-    return family(cfg.kind).build(cfg, inputs)
-
-
-def objective(cfg: DrafterConfig, model: nn.Module, head_VH: torch.Tensor, seed: int) -> Objective:
-    """`(model, batch) -> StepLoss` for this family; `head_VH` is the target's frozen lm_head `[V, Ht]`."""
-    return family(cfg.kind).objective(cfg, model, head_VH, seed)
 
 
 # Shared by every family's build: the drafter must rotate and normalise exactly as its target does.

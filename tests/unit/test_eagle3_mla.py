@@ -8,9 +8,10 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Atten
 from drafters.anchors import strided_anchors
 from drafters.eagle3.anchored import anchored_hidden, anchored_loss
 from drafters.eagle3.attention import serving_fields
-from drafters.eagle3.decode import DraftCache, _draft_forward, greedy_generate, speculative_generate
+from drafters.eagle3.decode import greedy_generate, speculative_generate
 from drafters.eagle3.loss import position_mask, ttt_loss
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from tests.eagle3_chain import check_chain_matches_ttt
 from tests.small_llama import small_llama
 
 pytestmark = pytest.mark.unit
@@ -141,15 +142,8 @@ def test_mla_ttt_depths_equal_the_cached_inference_chain(norm_output, fc_norm, r
     S, depth = 22, 3  # S > original_max_position_embeddings (16) so YaRN's ramp is exercised
     ids = torch.randint(0, V, (1, S))
     feats = torch.randn(1, S, TAPS * HT)
-    ttt = model.ttt_forward(ids, feats, depth)
-    for t in range(0, S - depth - 1, 3):
-        cache = DraftCache()
-        logits, hidden = _draft_forward(model, ids[0, 1 : t + 2], model.fuse(feats[:, : t + 1])[0], 0, cache)
-        torch.testing.assert_close(logits[-1], ttt[0][0, t], rtol=1e-5, atol=1e-5)
-        hidden = hidden[-1:]
-        for k in range(1, depth):
-            logits, hidden = _draft_forward(model, ids[0, t + 1 + k].view(1), hidden, t + k, cache)
-            torch.testing.assert_close(logits[-1], ttt[k][0, t], rtol=1e-5, atol=1e-5)
+    positions = range(0, S - depth - 1, 3)
+    for t, cache in zip(positions, check_chain_matches_ttt(model, ids, feats, depth, positions), strict=True):
         assert cache.k.shape == (1, 4, t + depth, 16) and cache.v.shape == (1, 4, t + depth, 12)
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from drafters.eagle3.decode import DraftCache, _draft_forward
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from drafters.verify import greedy_verify
+from tests.eagle3_chain import check_chain_matches_ttt
 
 pytestmark = pytest.mark.unit
 
@@ -41,15 +41,7 @@ def test_ttt_depths_equal_the_inference_chain(norm_output, fc_norm):
     S, depth = 9, 3
     ids = torch.randint(0, 50, (1, S))
     feats = torch.randn(1, S, 3 * 24)
-    ttt = model.ttt_forward(ids, feats, depth)
-    for t in range(S - depth - 1):
-        cache = DraftCache()
-        logits, hidden = _draft_forward(model, ids[0, 1 : t + 2], model.fuse(feats[:, : t + 1])[0], 0, cache)
-        torch.testing.assert_close(logits[-1], ttt[0][0, t], rtol=1e-5, atol=1e-5)
-        hidden = hidden[-1:]
-        for k in range(1, depth):
-            logits, hidden = _draft_forward(model, ids[0, t + 1 + k].view(1), hidden, t + k, cache)
-            torch.testing.assert_close(logits[-1], ttt[k][0, t], rtol=1e-5, atol=1e-5)
+    check_chain_matches_ttt(model, ids, feats, depth, range(S - depth - 1))
 
 
 @torch.no_grad()
