@@ -11,9 +11,9 @@ from draftsmith.config.stages import (
     Resources,
     StorageConfig,
     TargetConfig,
-    TrainConfig,
 )
 from draftsmith.config.tokenize import TokenizeConfig
+from draftsmith.config.train import TrainConfig
 
 __all__ = [
     "DFlash2Config",

@@ -13,9 +13,9 @@ from draftsmith.config.stages import (
     EvaluateConfig,
     StorageConfig,
     TargetConfig,
-    TrainConfig,
 )
 from draftsmith.config.tokenize import TokenizeConfig
+from draftsmith.config.train import TrainConfig
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 

@@ -49,21 +49,6 @@ class StorageConfig(StrictModel):
     )
 
 
-class TrainConfig(StrictModel):
-    """In-process drafter training (the FSDP2 trainer arrives with issue #6)."""
-
-    epochs: int = Field(2, gt=0, description="Passes over the training samples.")
-    lr: float = Field(1e-3, gt=0.0, description="Peak AdamW learning rate.")
-    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps before cosine decay.")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
-    batch_tokens: int = Field(4096, gt=0, description="Padded tokens per optimizer step.")
-    threads: int = Field(2, ge=1, description="torch intra-op threads.")
-    loader_workers: int = Field(2, ge=1, description="Threads reading hidden-state batches ahead of the step.")
-    prefetch: int = Field(4, ge=1, description="Batches read ahead of the training step.")
-    resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")
-
-
 class EvaluateConfig(StrictModel):
     """Real speculative decoding of the held-out prompts, with and without the drafter."""
 
