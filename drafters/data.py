@@ -3,11 +3,11 @@
 Shape legend: S sequence, F = N*Ht fused taps, Ht target width, B batch.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from draftsmith.batching import group_by_length
+from drafters.training.plan import EpochPlan, MicroBatch
 from draftsmith.manifest import StageManifest
 from transport.offline_reader import OfflineDataset
 from transport.sample import HiddenSample
@@ -21,19 +21,15 @@ def hidden_dataset(hidden: StageManifest) -> OfflineDataset:
     return OfflineDataset(hidden.uri)
 
 
-def length_grouped_batches(lengths: list[int], budget: int, *, seed: int) -> list[list[int]]:
-    """Batches of similar length with `batch * max_len <= budget`, in a seeded random order.
+def collate(
+    samples: list[TrainSample], *, zero_mask: bool = False, min_loss_tokens: int = 1
+) -> dict[str, torch.Tensor]:
+    """Right-padded fp32 batch: ids/masks `[B, S]`, features `[B, S, F]`, last hidden `[B, S, Ht]`.
 
-    Sorting by length keeps padding low; shuffling the batch order keeps the optimiser from seeing
-    all short (or all long) samples in a row.
+    A sample with fewer than `min_loss_tokens` loss tokens, or every sample when `zero_mask` (a filler
+    micro-batch), keeps its place with an all-zero loss mask: it runs forward and backward like the others,
+    so data-parallel ranks stay in step, but teaches nothing.
     """
-    batches = group_by_length(lengths, budget)
-    perm = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
-    return [batches[p] for p in perm]
-
-
-def collate(samples: list[TrainSample]) -> dict[str, torch.Tensor]:
-    """Right-padded fp32 batch: ids/masks `[B, S]`, features `[B, S, F]`, last hidden `[B, S, Ht]`."""
     width = max(len(s.input_ids) for s in samples)
     B = len(samples)
     out = {
@@ -46,7 +42,8 @@ def collate(samples: list[TrainSample]) -> dict[str, torch.Tensor]:
     for row, s in enumerate(samples):
         n = len(s.input_ids)
         out["input_ids"][row, :n] = s.input_ids
-        out["loss_mask"][row, :n] = s.loss_mask
+        if not zero_mask and int(s.loss_mask.sum()) >= min_loss_tokens:
+            out["loss_mask"][row, :n] = s.loss_mask
         out["features"][row, :n] = s.features.float()
         out["last_hidden"][row, :n] = s.last_hidden.float()
         if s.in_draft is not None:
@@ -54,30 +51,32 @@ def collate(samples: list[TrainSample]) -> dict[str, torch.Tensor]:
     return out
 
 
-def stream_batches(
-    samples: Iterable[TrainSample], budget: int, window: int, *, seed: int
-) -> Iterator[list[TrainSample]]:
-    """Length-grouped batches from a stream: every `window` arrivals are grouped like `length_grouped_batches`.
+def stream_steps(
+    samples: Iterable[TrainSample], window: int, plan: Callable[[list[int], int], EpochPlan]
+) -> Iterator[tuple[int, tuple[MicroBatch, ...], list[list[TrainSample]]]]:
+    """Optimizer steps from a stream: every `window` arrivals are planned like an epoch of the offline store.
 
-    Memory stays at one window of samples; the grouping and its seeded order depend only on the lengths,
-    so `count_stream_batches` knows the step count before the first sample arrives.
+    `plan(lengths, k)` plans window `k` (`drafters.training.plan.plan_epoch` with epoch `k`); yields
+    `(k, micro-batches, their samples)` per step. Memory stays at one window of samples; the plan depends only
+    on the lengths, so `count_stream_steps` knows the step count before the first sample arrives, and a
+    window holding a whole epoch in store order is planned exactly as the offline store's epoch is.
     """
 
-    def grouped(buf: list[TrainSample], k: int) -> Iterator[list[TrainSample]]:
-        for b in length_grouped_batches([len(x.input_ids) for x in buf], budget, seed=seed + k):
-            yield [buf[i] for i in b]
+    def planned(buf: list[TrainSample], k: int) -> Iterator[tuple[int, tuple[MicroBatch, ...], list[list]]]:
+        for step in plan([len(x.input_ids) for x in buf], k).for_rank(0):
+            yield k, step, [[buf[i] for i in mb.indices] for mb in step]
 
     buf: list[TrainSample] = []
     k = 0
     for s in samples:
         buf.append(s)
         if len(buf) == window:
-            yield from grouped(buf, k)
+            yield from planned(buf, k)
             buf, k = [], k + 1
     if buf:
-        yield from grouped(buf, k)
+        yield from planned(buf, k)
 
 
-def count_stream_batches(lengths: list[int], budget: int, window: int) -> int:
-    """How many batches `stream_batches` makes of samples arriving with these lengths, in this order."""
-    return sum(len(group_by_length(lengths[i : i + window], budget)) for i in range(0, len(lengths), window))
+def count_stream_steps(lengths: list[int], window: int, plan: Callable[[list[int], int], EpochPlan]) -> int:
+    """How many steps `stream_steps` makes of samples arriving with these lengths, in this order."""
+    return sum(plan(lengths[i : i + window], i // window).num_steps for i in range(0, len(lengths), window))

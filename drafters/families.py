@@ -31,7 +31,8 @@ class BuildInputs:
 
 # kind -> its adapter module, which defines:
 #   build(cfg, inputs) -> model                      a fresh drafter for the target
-#   objective(cfg, model, head_VH, seed) -> Objective  its training objective
+#   objective(cfg, model, head_VH, generator) -> Objective  its training objective; the trainer reseeds
+#       `generator` before each micro-batch from that micro-batch's samples, so any rank draws alike
 #   checkpoint_blobs(model, taps, metadata) -> {file: bytes}   the serving checkpoint
 #   load(folder, target_model) -> (model, taps)      that checkpoint back, in fp32
 #   generate(target, model, taps, prompt_S, *, g, max_new, eos) -> Decoded

@@ -4,9 +4,13 @@ A stage's `resources.work_pool` names a Prefect work pool. Kubernetes pools keep
 template in `deployments/work-pools/<pool>.json` (the shape `prefect work-pool create --type
 kubernetes --base-job-template FILE` accepts). Each GPU pool also gets a global concurrency limit
 named `gpu:<pool>` whose slots are GPUs, so GPU tasks can `concurrency("gpu:<pool>", occupy=n)`.
+
+Multi-node pools (gb200-train) run one Indexed Job per flow run: `nnodes` pods, pod 0 runs the flow and hosts the
+torchrun rendezvous, the other pods only join it (see deployments/work-pools/README.md).
 """
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from copy import deepcopy
@@ -25,6 +29,13 @@ SHM_PATH = "/dev/shm"
 # What the Prefect kubernetes worker insists on (its job-manifest validators reject anything else).
 _WORKER_CONTAINER_NAME = "prefect-job"
 _POD = "job_configuration.job_manifest.spec.template.spec"
+_JOB = "job_configuration.job_manifest.spec"
+# The variable a multi-node template sizes its Indexed Job with.
+NODES_VARIABLE = "nnodes"
+# Env a multi-node pod must carry, and what its value must reference (engines.torchrun reads them).
+_COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+_RDZV_ENV = "DRAFTSMITH_RDZV_ENDPOINT"
+_ENV_REF = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 def pool_template_path(name: str) -> Path:
@@ -134,15 +145,107 @@ def _check_manifest(job_config: dict[str, Any], props: dict[str, Any]) -> list[s
     return problems + _check_gpu_limit(containers[0], props) + _check_shm(pod, containers[0])
 
 
+def is_multi_node(template: dict[str, Any]) -> bool:
+    """True for a template whose job runs several pods (it declares `nnodes` or sets a completion mode)."""
+    job_spec = template.get("job_configuration", {}).get("job_manifest", {}).get("spec", {})
+    props = template.get("variables", {}).get("properties", {})
+    return NODES_VARIABLE in props or "completionMode" in job_spec or "parallelism" in job_spec
+
+
+def _env_entries(container: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    env = container.get("env")
+    if not isinstance(env, list):
+        return None
+    return {e["name"]: e for e in env if isinstance(e, dict) and "name" in e}
+
+
+def _check_job_shape(job_spec: dict[str, Any], pod: dict[str, Any], props: dict[str, Any]) -> list[str]:
+    spec = props.get(NODES_VARIABLE, {})
+    if spec.get("type") != "integer" or not isinstance(spec.get("default"), int) or spec["default"] < 1:
+        return [f"variables.properties.{NODES_VARIABLE}: a multi-node pool needs it, type integer, default >= 1"]
+    problems = []
+    if job_spec.get("completionMode") != "Indexed":
+        problems.append(f"{_JOB}.completionMode: must be 'Indexed' (pods find their node rank by index)")
+    for key in ("completions", "parallelism"):
+        if _single_placeholder(job_spec.get(key)) != NODES_VARIABLE:
+            problems.append(f"{_JOB}.{key}: {job_spec.get(key)!r} must be {{{{ {NODES_VARIABLE} }}}}")
+    # Pod 0 runs the flow and the other pods follow it: the job is done when pod 0 is (the rest are stopped).
+    if job_spec.get("successPolicy") != {"rules": [{"succeededIndexes": "0"}]}:
+        problems.append(f"{_JOB}.successPolicy: must be {{'rules': [{{'succeededIndexes': '0'}}]}}")
+    if _single_placeholder(pod.get("subdomain")) not in props:
+        problems.append(f"{_POD}.subdomain: must be a {{{{ variable }}}} naming the headless rendezvous Service")
+    return problems
+
+
+def _check_rendezvous_env(container: dict[str, Any], gpu_var: str | None) -> list[str]:
+    where = f"{_POD}.containers[0].env"
+    env = _env_entries(container)
+    if env is None:
+        return [f"{where}: must be a list (the rendezvous variables use the downward API)"]
+    wanted = {
+        "DRAFTSMITH_NODE_RANK": lambda e: (
+            (e.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == _COMPLETION_INDEX_FIELD
+        ),
+        "DRAFTSMITH_NNODES": lambda e: NODES_VARIABLE in _placeholder_names(e.get("value")),
+        "DRAFTSMITH_NPROC_PER_NODE": lambda e: gpu_var in _placeholder_names(e.get("value")),
+        # Pod 0 of the job: Indexed Job pods are named `<job>-<index>` under the Service subdomain.
+        _RDZV_ENV: lambda e: "-0." in str(e.get("value")) and ":" in str(e.get("value")),
+    }
+    problems = [
+        f"{where}: {name} missing or wrong" for name, ok in wanted.items() if name not in env or not ok(env[name])
+    ]
+    if "JOB_COMPLETION_INDEX" not in " ".join(map(str, container.get("command") or [])):
+        problems.append(f"{_POD}.containers[0].command: must send pods other than index 0 away from the flow run")
+    return problems
+
+
+def _check_multi_node(job_config: dict[str, Any], props: dict[str, Any]) -> list[str]:
+    job_spec = job_config["job_manifest"]["spec"]
+    pod = job_spec["template"]["spec"]
+    container = pod["containers"][0]
+    gpu_var = _single_placeholder(container.get("resources", {}).get("limits", {}).get(GPU_RESOURCE))
+    return _check_job_shape(job_spec, pod, props) + _check_rendezvous_env(container, gpu_var)
+
+
+def rendered_env_problems(job_config: dict[str, Any]) -> list[str]:
+    """Env entries of a rendered job configuration Kubernetes would reject or leave unexpanded.
+
+    Values must be strings, and a `$(NAME)` reference is only expanded when NAME is defined earlier in the list.
+    """
+    container = job_config["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    env = container.get("env")
+    if not isinstance(env, list):
+        return []
+    problems, defined = [], set()
+    for entry in env:
+        where = f"{_POD}.containers[0].env.{entry.get('name')}"
+        value = entry.get("value")
+        if "value" in entry and not isinstance(value, str):
+            problems.append(f"{where}: value {value!r} renders to a {type(value).__name__}, Kubernetes needs a string")
+        for ref in _ENV_REF.findall(value if isinstance(value, str) else ""):
+            if ref not in defined:
+                problems.append(f"{where}: $({ref}) is not defined earlier in the list, Kubernetes leaves it as is")
+        defined.add(entry.get("name"))
+    return problems
+
+
 def validate_base_job_template(template: dict[str, Any]) -> list[str]:
-    """Problems with a GPU kubernetes base job template, each naming its field; empty when valid."""
+    """Problems with a GPU kubernetes base job template, each naming its field; empty when valid.
+
+    Multi-node templates (see `is_multi_node`) are also checked for the Indexed Job sized by `nnodes`, the
+    rendezvous env and the defaults rendering to strings where Kubernetes wants them.
+    """
     job_config, variables = template.get("job_configuration"), template.get("variables")
     if not isinstance(job_config, dict) or not isinstance(variables, dict):
         return ["base job template: needs both a `job_configuration` and a `variables` object"]
     props = variables.get("properties")
     if not isinstance(props, dict):
         return ["variables.properties: missing"]
-    return _undeclared_placeholders(job_config, props) + _check_manifest(job_config, props)
+    problems = _undeclared_placeholders(job_config, props) + _check_manifest(job_config, props)
+    if problems or not is_multi_node(template):
+        return problems
+    problems = _check_multi_node(job_config, props)
+    return problems or rendered_env_problems(render(template, {"name": "check", "command": "true"}))
 
 
 def gpu_count_default(template: dict[str, Any]) -> int:
@@ -150,6 +253,12 @@ def gpu_count_default(template: dict[str, Any]) -> int:
     container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
     name = _single_placeholder(container["resources"]["limits"][GPU_RESOURCE])
     return int(template["variables"]["properties"][name]["default"])
+
+
+def nodes_default(template: dict[str, Any]) -> int:
+    """Default pods (nodes) per flow run: the `nnodes` default of a multi-node template, else 1."""
+    spec = template["variables"]["properties"].get(NODES_VARIABLE)
+    return int(spec["default"]) if spec else 1
 
 
 def gpu_limit_name(pool: str) -> str:
@@ -162,7 +271,8 @@ def gpu_limit_commands(pool: str, gpus: int, *, gpus_per_run: int | None = None)
 
     1. create the kubernetes work pool from `deployments/work-pools/<pool>.json` (it fails with
        "already exists" on a second call: the caller decides whether that is fine);
-    2. cap the pool's concurrent flow runs at `gpus // gpus_per_run` (default: the template's gpu_count);
+    2. cap the pool's concurrent flow runs at `gpus // gpus_per_run` (default: the template's gpu_count
+       times its nodes, so a 2-node run of 4-GPU pods counts 8);
     3. create the global concurrency limit `gpu:<pool>` with `gpus` slots, one per GPU.
     """
     template = load_base_job_template(pool)
@@ -170,7 +280,7 @@ def gpu_limit_commands(pool: str, gpus: int, *, gpus_per_run: int | None = None)
     if problems:
         raise ValueError(f"work pool {pool!r}: invalid base job template:\n  " + "\n  ".join(problems))
     if gpus_per_run is None:
-        gpus_per_run = gpu_count_default(template)
+        gpus_per_run = gpu_count_default(template) * nodes_default(template)
     if gpus_per_run < 1 or gpus < gpus_per_run or gpus % gpus_per_run:
         raise ValueError(f"gpus ({gpus}) must be a positive multiple of gpus_per_run ({gpus_per_run})")
     return [

@@ -1,26 +1,34 @@
-"""Stage 5: train the drafter on the captured hidden states and save a serving-format checkpoint."""
+"""Stage 5: train the drafter on the captured hidden states with the FSDP2 trainer, launched by torchrun.
 
-import functools
-import json
+The task writes a job spec into the stage folder, runs `torchrun ... -m drafters.training.worker` with the
+recipe's nodes, ranks and rendezvous (`engines.torchrun` streams every rank's log into this task's log and
+fails with the failing rank's traceback), and turns the `result.json` rank 0 wrote into the manifest. A
+retried or re-run task with the same inputs resumes from the newest checkpoint in `<stage>/checkpoints`.
+"""
+
+import logging
 import sys
-from collections.abc import Iterator
 
 import torch
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.exceptions import MissingContextError
 
-from drafters import data, families, trainer
-from draftsmith import storage
+from drafters import data, families
+from drafters.training import checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker
+from draftsmith import storage, tensorio
 from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
-from draftsmith.manifest import StageManifest, file_entry
+from draftsmith.manifest import FileEntry, StageManifest
 from draftsmith.stage import StageResult, run_stage, stage_key
-from engines import hf
+from engines import torchrun
 from tasks import hidden_stream
 from tasks.hidden_states import token_samples
-from tasks.hidden_stream import OnlineSource
 from transport import offline_reader, sample
-from transport.offline_reader import OfflineDataset, PrefetchLoader
 
 STAGE = "train"
+CODE = [data, families, checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker, offline_reader, sample]
 
 
 def loss_token_counts(tokens: StageManifest, vocab_size: int) -> torch.Tensor:
@@ -31,36 +39,27 @@ def loss_token_counts(tokens: StageManifest, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def offline_batches(
-    dataset: OfflineDataset, cfg: TrainConfig, seed: int
-) -> tuple[Iterator[tuple[int, list[data.TrainSample]]], int]:
-    """`(epoch, samples)` per step from the store through the prefetching loader, and the step count."""
-    plans = [data.length_grouped_batches(dataset.lengths, cfg.batch_tokens, seed=seed + e) for e in range(cfg.epochs)]
-
-    def gen() -> Iterator[tuple[int, list[data.TrainSample]]]:
-        for epoch, plan in enumerate(plans):
-            for samples in PrefetchLoader(dataset, plan, workers=cfg.loader_workers, prefetch=cfg.prefetch):
-                yield epoch, samples
-
-    return gen(), sum(len(p) for p in plans)
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("draftsmith.train")
 
 
-def online_batches(
-    source: OnlineSource, tokens: StageManifest, cfg: TrainConfig, hidden_cfg: HiddenStatesConfig, seed: int
-) -> tuple[Iterator[tuple[int, list[data.TrainSample]]], int]:
-    """`(epoch, samples)` per step as the stream delivers, and the step count (exact for one producer)."""
-    lengths = [len(s["input_ids"]) for s in token_samples(tokens)]
-    window = hidden_cfg.online.window_samples
-    per_epoch = data.count_stream_batches(lengths, cfg.batch_tokens, window)
-    per_epoch_samples = len(lengths)
-
-    def gen() -> Iterator[tuple[int, list[data.TrainSample]]]:
-        seen = 0
-        for batch in data.stream_batches(source.samples(), cfg.batch_tokens, window, seed=seed):
-            yield seen // max(1, per_epoch_samples), batch
-            seen += len(batch)
-
-    return gen(), per_epoch * cfg.epochs
+def launch(job: worker.TrainJob, cfg: TrainConfig, spec_path: str) -> None:
+    """Run the job on the recipe's torchrun layout (this node's share of it)."""
+    d = cfg.distributed
+    spec = torchrun.TorchrunSpec(
+        module="drafters.training.worker",
+        args=["--spec", spec_path],
+        nnodes=d.nnodes,
+        nproc_per_node=d.nproc_per_node,
+        threads_per_rank=cfg.rank_threads(),
+        rdzv_endpoint=d.rdzv_endpoint,
+        rdzv_id=f"draftsmith-{job.key[:12]}",
+        share_files=(spec_path,),
+    )
+    torchrun.run_torchrun(spec, log=_logger())
 
 
 def train(
@@ -73,71 +72,57 @@ def train(
     *,
     seed: int,
     out_uri: str,
+    max_steps: int | None = None,
 ) -> StageManifest:
     """Write the drafter's serving checkpoint (`model.safetensors`, `config.json`) and `metrics.jsonl`.
 
-    Offline (`hidden` is the store's manifest) batches come from the store through the prefetching loader;
-    online (`hidden` is None, `hidden_cfg.mode == "online"`) from the Mooncake stream, with the producers
-    capturing alongside.
+    Offline (`hidden` is the store's manifest) every rank reads its planned micro-batches from the store;
+    online (`hidden` is None, `hidden_cfg.mode == "online"`) one rank reads the Mooncake stream while the
+    producers capture alongside. `max_steps` stops early (benchmarks) and is part of the cache key.
     """
     if (hidden is None) != (hidden_cfg.mode == "online"):
         raise ValueError(f"train: hidden_states.mode is {hidden_cfg.mode!r} but the store manifest is {hidden!r}")
     family = families.family(drafter_cfg.kind)
-    code = [sys.modules[__name__], data, trainer, families, family, offline_reader, sample, hidden_stream]
-    code += family.code_modules()
+    code = [sys.modules[__name__], *CODE, hidden_stream, family, *family.code_modules()]
     inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "hidden_cfg": hidden_cfg, "tokens": tokens}
-    key = stage_key(STAGE, code, **inputs, hidden=hidden, seed=seed)
+    key = stage_key(STAGE, code, **inputs, hidden=hidden, seed=seed, max_steps=max_steps)
 
     def compute(uri: str) -> StageResult:
-        target_model, _ = hf.load_target(target)
-        torch.manual_seed(seed)
-        counts_V = loss_token_counts(tokens, target.vocab_size)
-        inputs = families.BuildInputs(target, target_model, len(hidden_cfg.taps), counts_V)
-        drafter = family.build(drafter_cfg, inputs)
-        head = target_model.get_output_embeddings().weight.detach().float()
-        objective = family.objective(drafter_cfg, drafter, head, seed)
-        fit = functools.partial(trainer.train_drafter, drafter, objective=objective, cfg=cfg, seed=seed)
-        if hidden is not None:
-            dataset = data.hidden_dataset(hidden)
-            report = fit(*offline_batches(dataset, cfg, seed))
-            num_samples, source = len(dataset), "offline"
-        else:
-            with OnlineSource(hidden_cfg, target, tokens, epochs=cfg.epochs, run_id=key[:12]) as online:
-                report = fit(*online_batches(online, tokens, cfg, hidden_cfg, seed))
-                num_samples, source = online.stream.consumed, "online"
-        max_positions = int(getattr(target_model.config, "max_position_embeddings", 0) or 0) or None
-        result = (report, target, hidden_cfg, key, num_samples, drafter_cfg.kind, source, max_positions)
-        return _result(uri, family, drafter, *result)
+        counts_uri = storage.join(uri, "job", "counts.safetensors")
+        storage.write_bytes(counts_uri, tensorio.dumps({"counts": loss_token_counts(tokens, target.vocab_size)}))
+        job = worker.TrainJob(
+            train=cfg.model_dump(mode="json"),
+            drafter=drafter_cfg.model_dump(mode="json"),
+            target=target.model_dump(mode="json"),
+            hidden_cfg=hidden_cfg.model_dump(mode="json"),
+            out_uri=uri,
+            checkpoint_uri=storage.join(uri, "checkpoints"),
+            counts_uri=counts_uri,
+            key=key,
+            seed=seed,
+            hidden_uri=hidden.uri if hidden is not None else None,
+            tokens=tokens.model_dump(mode="json"),
+            max_steps=max_steps,
+        )
+        spec_path = storage.local_path(storage.join(uri, "job", "spec.json")) if storage.is_local(uri) else None
+        if spec_path is None:  # the ranks read the spec from this node's disk
+            spec_path = storage.local_path(storage.join(f"/tmp/draftsmith-train/{key[:16]}", "spec.json"))
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        job.write(str(spec_path))
+        launch(job, cfg, str(spec_path))
+        result = storage.read_json(storage.join(uri, "result.json"))
+        _artifact(result["summary_markdown"], key)
+        storage.remove_tree(job.checkpoint_uri)  # the consolidated export is the product; shards were for resume
+        files = [FileEntry.model_validate(f) for f in result["files"]]
+        return StageResult(files=files, counts=result["counts"], metrics=result["metrics"], info=result["info"])
 
     return run_stage(STAGE, out_uri, key, compute)
 
 
-def _result(
-    uri: str,
-    family,
-    drafter: torch.nn.Module,
-    report: trainer.TrainReport,
-    target: TargetConfig,
-    hidden_cfg: HiddenStatesConfig,
-    key: str,
-    num_samples: int,
-    kind: str,
-    source: str,
-    max_positions: int | None,
-) -> StageResult:
-    meta = {
-        "target": target.name,
-        "train_key": key,
-        "tap_convention": "residual after layer k, from 1",
-        "num_target_layers": target.num_layers,
-        "max_position_embeddings": max_positions,
-    }
-    blobs = family.checkpoint_blobs(drafter, hidden_cfg.taps, meta)
-    blobs["metrics.jsonl"] = "".join(json.dumps(h) + "\n" for h in report.history).encode()
-    files = [file_entry(uri, name, blob) for name, blob in blobs.items()]
-    metrics = {k: round(v, 5) for k, v in report.final().items()} | {"tokens_per_s": report.tokens / report.seconds}
-    counts = {"steps": report.steps, "samples": num_samples, "padded_tokens": report.tokens}
-    return StageResult(files=files, counts=counts, metrics=metrics, info={"drafter": kind, "hidden_states": source})
+def _artifact(markdown: str, key: str) -> None:
+    """The training summary in the Prefect UI; outside a run (tests, benchmarks) there is no UI to show it in."""
+    if FlowRunContext.get() is not None or TaskRunContext.get() is not None:
+        create_markdown_artifact(markdown, key=f"train-{key[:12]}", description="Drafter training metrics")
 
 
 @stage_task("train", STAGE)

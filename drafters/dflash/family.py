@@ -70,12 +70,12 @@ def build(cfg: DFlash2Config, inputs: families.BuildInputs) -> DFlashDrafter:
     return init_block(DFlashDrafter(spec), inputs)
 
 
-def objective(cfg: DFlash2Config, model: DFlashDrafter, head_VHt: torch.Tensor, seed: int):
+def objective(cfg: DFlash2Config, model: DFlashDrafter, head_VHt: torch.Tensor, generator: torch.Generator):
     """CE on the corpus tokens over each block's contiguous supervised prefix, plus the selector's K-way CE."""
     return functools.partial(
         dflash_objective,
         target_head_VH=head_VHt,
-        generator=torch.Generator().manual_seed(seed),
+        generator=generator,
         num_anchors=cfg.num_anchors,
         gamma=cfg.gamma,
         selector_alpha=cfg.selector_alpha,

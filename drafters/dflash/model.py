@@ -25,6 +25,9 @@ KV = tuple[torch.Tensor, torch.Tensor]
 class DFlashLayer(nn.Module):
     """One draft decoder layer; with `conv_kernel_size` the DFlash2 convs wrap both sublayers."""
 
+    # Called outside `forward` (the context K/V are projected before the blocks run): FSDP must gather for it.
+    fsdp_forward_methods = ("context_kv",)
+
     def __init__(self, spec: DFlashSpec) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -36,6 +39,10 @@ class DFlashLayer(nn.Module):
             self.attention_conv = GroupedConv(*args)
             self.mlp_conv = GroupedConv(*args)
         self.conv = bool(spec.conv_kernel_size)
+
+    def context_kv(self, ctx_BSH: torch.Tensor, positions_BS: torch.Tensor) -> KV:
+        """This layer's `(k, v)` `[B, heads, S, d]` of the normed context."""
+        return self.self_attn.kv(ctx_BSH, positions_BS)
 
     def forward(self, x_BQH: torch.Tensor, positions: torch.Tensor, ctx_kv: KV, mask: torch.Tensor) -> torch.Tensor:
         h = self.input_layernorm(x_BQH)
@@ -90,7 +97,7 @@ class DFlashDrafter(nn.Module):
     def context_kv(self, ctx_BSH: torch.Tensor, positions_BS: torch.Tensor) -> list[KV]:
         """Per layer `(k, v)` `[B, heads, S, d]` of the context, normed and rotated, ready to attend."""
         x = self.hidden_norm(ctx_BSH)
-        return [layer.self_attn.kv(x, positions_BS) for layer in self.layers]
+        return [layer.context_kv(x, positions_BS) for layer in self.layers]
 
     def blocks(
         self, ids_BQ: torch.Tensor, positions_BQ: torch.Tensor, ctx_kv: list[KV], masks: list[torch.Tensor]

@@ -21,12 +21,12 @@ def build(cfg: DSparkConfig, inputs: families.BuildInputs) -> DSparkDrafter:
     return dflash_family.init_block(DSparkDrafter(spec), inputs)
 
 
-def objective(cfg: DSparkConfig, model: DSparkDrafter, head_VHt: torch.Tensor, seed: int):
+def objective(cfg: DSparkConfig, model: DSparkDrafter, head_VHt: torch.Tensor, generator: torch.Generator):
     """`0.1 CE + 0.9 L1 + 1.0 BCE` (the recipe's `loss_weights`) against the target's own distribution."""
     return functools.partial(
         dspark_objective,
         target_head_VH=head_VHt,
-        generator=torch.Generator().manual_seed(seed),
+        generator=generator,
         num_anchors=cfg.num_anchors,
         gamma=cfg.gamma,
         mix=tuple(cfg.loss_weights),

@@ -59,10 +59,9 @@ def draftable(batch: dict[str, torch.Tensor], head_VHt: torch.Tensor, t2d_V: tor
     return out
 
 
-def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, seed: int):
+def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, generator: torch.Generator):
     """Forward KL to the target at every TTT depth; anchored TTT when `cfg.anchored` is set."""
     draft_head = head_VHt[vocab.draft_ids(model.d2t)].float()  # [Vd, Ht]
-    generator = torch.Generator().manual_seed(seed)
 
     def run(model: Eagle3Drafter, batch: dict[str, torch.Tensor]) -> StepLoss:
         mask = loss.position_mask(batch["loss_mask"], draftable(batch, head_VHt, model.t2d))

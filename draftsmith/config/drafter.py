@@ -8,7 +8,7 @@ Cross-section checks (taps, vocabulary, widths) live in `draftsmith.config.pipel
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from draftsmith.config.base import StrictModel
 
@@ -138,3 +138,8 @@ class DSparkConfig(_BlockFields):
 
 
 DrafterConfig = Annotated[Eagle3Config | DFlash2Config | DSparkConfig, Field(discriminator="kind")]
+
+
+def parse_drafter(data: dict) -> Eagle3Config | DFlash2Config | DSparkConfig:
+    """A `drafter:` section (for example from a job spec) as its family's config."""
+    return TypeAdapter(DrafterConfig).validate_python(data)

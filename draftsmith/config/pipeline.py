@@ -65,6 +65,11 @@ class PipelineConfig(StrictModel):
                 f"({self.regenerate.thinking}); training on another mode than the corpus was generated in "
                 "costs acceptance. Align them or set tokenize.allow_provenance_mismatch: true"
             )
+        if hs.mode == "online" and self.train.world_size > 1:
+            raise ValueError(
+                f"train.distributed: online hidden states feed one training rank (the Mooncake stream has one "
+                f"consumer); this recipe asks for {self.train.world_size}. Use hidden_states.mode: offline"
+            )
         self._drafter_checks()
         return self
 

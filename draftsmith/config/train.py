@@ -78,7 +78,7 @@ class TrainConfig(StrictModel):
     batch_tokens: int = Field(4096, gt=0, description="Padded-token budget of one micro-batch on one rank.")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per rank per optimizer step.")
     chunk_samples: int = Field(
-        512, ge=1, description="Length grouping window: samples sorted longest-first together after the shuffle."
+        2048, ge=1, description="Length grouping window: samples sorted longest-first together after the shuffle."
     )
     min_loss_tokens: int = Field(
         1, ge=1, description="A sample with fewer loss tokens trains with a zero mask (kept, so ranks stay in step)."

@@ -1,6 +1,7 @@
 """The gb200 GPU pool for real: a Prefect server on loopback, `gpu_limit_commands("gb200", 4)` run through the
 venv's `prefect` CLI, then the kubernetes work pool, its base job template and both concurrency limits read
-back from the server, and the `gpu:gb200` limit exercised by Prefect's own `concurrency()`.
+back from the server, and the `gpu:gb200` limit exercised by Prefect's own `concurrency()`. The multi-node
+gb200-train pool (an Indexed Job template) is registered the same way and read back unchanged.
 
 No Kubernetes cluster and no `prefect-kubernetes` are needed: the server knows the kubernetes pool type
 from its bundled worker metadata; only a kubernetes *worker* needs that package.
@@ -51,7 +52,26 @@ def test_gpu_limit_commands_set_up_gb200_pool(prefect_server: Server) -> None:
     res = _prefect(server, commands[0])
     assert res.returncode == 1 and "already exists" in res.stdout + res.stderr, res.stdout + res.stderr
     _occupy_gpus(server)
+    _register_gb200_train(server)
     print(f"total after server start: {time.monotonic() - t0:.1f} s")
+
+
+def _register_gb200_train(server: Server) -> None:
+    """The server accepts the Indexed Job template as is: 8 GPUs hold one 2-node x 4-GPU run."""
+    for argv in gpu_limit_commands("gb200-train", 8):
+        res = _prefect(server, argv)
+        assert res.returncode == 0, f"{' '.join(argv)} exited {res.returncode}:\n{res.stdout}{res.stderr}"
+    pool = get_json(f"{server.api_url}/work_pools/gb200-train")
+    assert pool["type"] == "kubernetes" and pool["concurrency_limit"] == 1
+    assert pool["base_job_template"] == load_base_job_template("gb200-train")
+    job = pool["base_job_template"]["job_configuration"]["job_manifest"]["spec"]
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == (
+        "Indexed",
+        "{{ nnodes }}",
+        "{{ nnodes }}",
+    )
+    res = _prefect(server, ["prefect", "gcl", "inspect", gpu_limit_name("gb200-train"), "--output", "json"])
+    assert res.returncode == 0 and json.loads(res.stdout)["limit"] == 8, res.stdout + res.stderr
 
 
 def _occupy_gpus(server: Server) -> None:

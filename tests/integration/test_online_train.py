@@ -5,8 +5,8 @@ so the drafter trained online is bitwise the drafter trained from the store."""
 import pytest
 
 from draftsmith import storage
+from engines.torchrun import TorchrunError
 from tasks.train import train
-from transport.mooncake_stream import StreamError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -28,7 +28,14 @@ def test_online_training_equals_offline_training_bitwise(tiny_cfg, tiny_run, tmp
     got = {f.name: f.sha256 for f in m.files}
     want = {f.name: f.sha256 for f in offline.files}
     assert got["model.safetensors"] == want["model.safetensors"]
-    assert storage.read_bytes(m.path("metrics.jsonl")) == storage.read_bytes(offline.path("metrics.jsonl"))
+    timing = {"tokens_per_s", "mfu"}  # wall-clock figures; everything else is computed and must agree
+
+    def curve(manifest):
+        return [
+            {k: v for k, v in r.items() if k not in timing} for r in storage.read_jsonl(manifest.path("metrics.jsonl"))
+        ]
+
+    assert curve(m) == curve(offline)
 
 
 def test_a_producer_that_cannot_capture_fails_the_run_with_its_log(tiny_cfg, tiny_run, tmp_path):
@@ -36,7 +43,7 @@ def test_a_producer_that_cannot_capture_fails_the_run_with_its_log(tiny_cfg, tin
     hidden_cfg = _online(c, peer_timeout_s=60)
     bad_vllm = hidden_cfg.vllm.model_copy(update={"python": str(tmp_path / "no-such-venv" / "python")})
     hidden_cfg = hidden_cfg.model_copy(update={"engine": "vllm", "vllm": bad_vllm})
-    with pytest.raises(StreamError) as err:
+    with pytest.raises(TorchrunError) as err:
         train(c.train, c.drafter, c.target, hidden_cfg, tiny_run["tokenize"], None, seed=c.seed, out_uri=str(tmp_path))
-    message = str(err.value)
-    assert "producer 0 (exit 1" in message and "no-such-venv" in message, message
+    message = str(err.value)  # the training rank's StreamError, through torchrun
+    assert "StreamError" in message and "producer 0 (exit 1" in message and "no-such-venv" in message, message

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from drafters.data import count_stream_batches, length_grouped_batches, stream_batches
+from drafters.data import count_stream_steps, stream_steps
 from draftsmith.batching import group_by_length
 
 pytestmark = pytest.mark.unit
@@ -26,14 +26,13 @@ def test_oversized_sample_gets_its_own_batch():
     assert group_by_length([5000, 10, 10], 1024) == [[0], [1, 2]]
 
 
-def test_training_order_is_a_seeded_permutation_of_the_same_batches():
-    lengths = [random.Random(1).randint(1, 300) for _ in range(100)]
-    a = length_grouped_batches(lengths, 1024, seed=3)
-    assert a == length_grouped_batches(lengths, 1024, seed=3)
-    assert sorted(map(tuple, a)) == sorted(map(tuple, group_by_length(lengths, 1024)))
+def _plan(lengths, k):
+    from drafters.training.plan import plan_epoch
+
+    return plan_epoch(lengths, budget=256, world=1, grad_accum=2, chunk_samples=64, seed=3, epoch=k)
 
 
-def test_stream_batches_group_each_window_and_are_counted_ahead():
+def test_stream_steps_plan_each_window_and_are_counted_ahead():
     from types import SimpleNamespace
 
     import torch
@@ -41,12 +40,15 @@ def test_stream_batches_group_each_window_and_are_counted_ahead():
     rng = random.Random(7)
     lengths = [rng.randint(1, 90) for _ in range(103)]
     samples = [SimpleNamespace(input_ids=torch.zeros(n), n=i) for i, n in enumerate(lengths)]
-    batches = list(stream_batches(iter(samples), 256, 20, seed=3))
-    assert len(batches) == count_stream_batches(lengths, 256, 20)
-    assert sorted(s.n for b in batches for s in b) == list(range(103))
-    for b in batches:
-        assert len(b) * max(len(s.input_ids) for s in b) <= 256 or len(b) == 1
-        assert len({s.n // 20 for s in b}) == 1  # a batch never mixes windows
-    # With the whole stream as one window the batches are the offline ones (same seed, same order).
-    whole = [[s.n for s in b] for b in stream_batches(iter(samples), 256, 103, seed=3)]
-    assert whole == length_grouped_batches(lengths, 256, seed=3)
+    steps = list(stream_steps(iter(samples), 20, _plan))
+    assert len(steps) == count_stream_steps(lengths, 20, _plan)
+    real = [s.n for _, mbs, groups in steps for mb, g in zip(mbs, groups, strict=True) if not mb.padding for s in g]
+    assert sorted(real) == list(range(103))
+    for k, mbs, groups in steps:
+        assert len(mbs) == 2  # grad_accum micro-batches per step, fillers included
+        for g in groups:
+            assert len(g) * max(len(s.input_ids) for s in g) <= 256 or len(g) == 1
+            assert {s.n // 20 for s in g} == {k}  # a step never mixes windows
+    # With the whole stream as one window the steps are the offline epoch's (same seed, same order).
+    whole = [[list(mb.indices) for mb in mbs] for _, mbs, _ in stream_steps(iter(samples), 103, _plan)]
+    assert whole == [[list(mb.indices) for mb in step] for step in _plan(lengths, 0).for_rank(0)]

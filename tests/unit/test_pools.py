@@ -1,9 +1,12 @@
-"""The gb200 base job template: loads, validates, renders completely; broken copies are caught by field."""
+"""The gb200 and gb200-train base job templates: load, validate, render completely; broken copies are caught by
+field. gb200-train's pod command is run through /bin/sh to show which pods run the flow and which follow."""
 
 import json
+import subprocess
 from copy import deepcopy
 
 import pytest
+import yaml
 from prefect.server.schemas.actions import validate_base_job_template as prefect_server_validate
 from prefect.utilities.templating import find_placeholders
 
@@ -15,7 +18,9 @@ from draftsmith.pools import (
     gpu_count_default,
     gpu_limit_commands,
     gpu_limit_name,
+    is_multi_node,
     load_base_job_template,
+    nodes_default,
     pool_template_path,
     render,
     validate_base_job_template,
@@ -56,7 +61,9 @@ def test_gb200_template_loads_and_validates(template: dict) -> None:
     assert gpu_count_default(template) == 4
 
 
-def test_every_variable_is_used_and_described(template: dict) -> None:
+@pytest.mark.parametrize("pool", ["gb200", "gb200-train"])
+def test_every_variable_is_used_and_described(pool: str) -> None:
+    template = load_base_job_template(pool)
     used = {p.name for p in find_placeholders(template["job_configuration"])}
     assert used == set(template["variables"]["properties"])
     assert all(spec.get("description") for spec in template["variables"]["properties"].values())
@@ -148,8 +155,8 @@ def test_job_variables_override_defaults(template: dict) -> None:
     assert rendered["namespace"] == rendered["job_manifest"]["metadata"]["namespace"] == "research"
 
 
-def test_recipe_stages_on_gb200_fit_one_pod(template: dict) -> None:
-    """Every stage a shipped recipe puts on a pool with a template asks for that template's GPUs per node."""
+def test_recipe_stages_fit_their_pool(template: dict) -> None:
+    """Every stage a shipped recipe puts on a pool with a template asks for that template's GPUs and nodes."""
     pools_with_templates = {p.stem for p in WORK_POOLS_DIR.glob("*.json")}
     checked = 0
     for recipe in sorted(RECIPES.glob("*.yaml")):
@@ -159,8 +166,10 @@ def test_recipe_stages_on_gb200_fit_one_pod(template: dict) -> None:
             if isinstance(resources, Resources) and resources.work_pool in pools_with_templates:
                 tpl = load_base_job_template(resources.work_pool)
                 assert resources.gpus == gpu_count_default(tpl), f"{recipe.name}: {stage}.resources.gpus"
+                if is_multi_node(tpl):  # one job holds all nodes; on gb200 each node is a flow run of its own
+                    assert resources.nodes == nodes_default(tpl), f"{recipe.name}: {stage}.resources.nodes"
                 checked += 1
-    assert checked >= 3  # kimi-k3-eagle3: regenerate, hidden_states, evaluate
+    assert checked >= 4  # kimi-k3-eagle3: regenerate, hidden_states, evaluate on gb200; train on gb200-train
 
 
 def test_gpu_limit_commands() -> None:
@@ -176,5 +185,134 @@ def test_gpu_limit_commands() -> None:
     assert gpu_limit_commands("gb200", 16, gpus_per_run=2)[1][-1] == "8"
     with pytest.raises(ValueError, match=r"gpus \(6\).*gpus_per_run \(4\)"):
         gpu_limit_commands("gb200", 6)
-    with pytest.raises(FileNotFoundError, match="gb200-train"):
-        gpu_limit_commands("gb200-train", 8)
+    # A gb200-train run is 2 pods x 4 GPUs: 8 GPUs hold one run, 16 hold two.
+    assert gpu_limit_commands("gb200-train", 8)[1:] == [
+        ["prefect", "work-pool", "set-concurrency-limit", "gb200-train", "1"],
+        ["prefect", "gcl", "create", "gpu:gb200-train", "--limit", "8"],
+    ]
+    assert gpu_limit_commands("gb200-train", 16)[1][-1] == "2"
+    with pytest.raises(ValueError, match=r"gpus \(4\).*gpus_per_run \(8\)"):
+        gpu_limit_commands("gb200-train", 4)
+    with pytest.raises(FileNotFoundError, match="no-such-pool"):
+        gpu_limit_commands("no-such-pool", 8)
+
+
+# --- gb200-train: one Indexed Job per flow run, one pod per node ---------------------------------------------
+
+
+@pytest.fixture
+def train_template() -> dict:
+    return load_base_job_template("gb200-train")
+
+
+def _env(rendered: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in _pod(rendered)["containers"][0]["env"]}
+
+
+def test_gb200_train_template_validates(train_template: dict) -> None:
+    assert is_multi_node(train_template) and not is_multi_node(load_base_job_template("gb200"))
+    assert validate_base_job_template(train_template) == []
+    prefect_server_validate(train_template)
+    assert (gpu_count_default(train_template), nodes_default(train_template)) == (4, 2)
+    # Same GB200 placement and worker requirements as gb200.
+    gb200 = load_base_job_template("gb200")["variables"]["properties"]
+    props = train_template["variables"]["properties"]
+    for name in ("node_selector", "tolerations", "image", "shm_size", "backoff_limit"):
+        assert props[name]["default"] == gb200[name]["default"], name
+
+
+def test_gb200_train_renders_an_indexed_job_with_the_rendezvous_env(train_template: dict) -> None:
+    rendered = render(train_template, WORKER_VALUES)
+    assert not find_placeholders(rendered), find_placeholders(rendered)
+    spec = rendered["job_manifest"]["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
+        "Indexed", 2, 2, 0,
+    )  # fmt: skip
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    assert spec["template"]["metadata"]["labels"] == {"draftsmith.io/rdzv-service": "draftsmith-train"}
+    pod = _pod(rendered)
+    assert pod["subdomain"] == "draftsmith-train"
+    # Where the Prefect kubernetes worker's manifest check looks for them (the pod template, not the job spec).
+    assert (pod["parallelism"], pod["completions"], pod["restartPolicy"]) == (1, 1, "Never")
+    env = _env(rendered)
+    assert env["DRAFTSMITH_RDZV_ENDPOINT"]["value"] == "$(DRAFTSMITH_JOB_NAME)-0.draftsmith-train:29400"
+    assert env["DRAFTSMITH_JOB_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}}
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["DRAFTSMITH_NODE_RANK"]["valueFrom"] == {"fieldRef": {"fieldPath": index}}
+    # Kubernetes expands $(DRAFTSMITH_STR) to "", so these are the strings "2" and "4" in the pod.
+    assert env["DRAFTSMITH_NNODES"]["value"] == "2$(DRAFTSMITH_STR)" and env["DRAFTSMITH_STR"]["value"] == ""
+    assert env["DRAFTSMITH_NPROC_PER_NODE"]["value"] == "4$(DRAFTSMITH_STR)"
+    assert env["NCCL_SOCKET_IFNAME"]["value"] == env["GLOO_SOCKET_IFNAME"]["value"] == "eth0"
+    assert pod["containers"][0]["args"] == "prefect flow-run execute"
+    # job_variables resize the job and everything derived from it.
+    rendered = render(train_template, WORKER_VALUES | {"nnodes": 4, "gpu_count": 2, "rdzv_port": 29500})
+    spec, env = rendered["job_manifest"]["spec"], _env(rendered)
+    assert (spec["completions"], spec["parallelism"]) == (4, 4)
+    assert (env["DRAFTSMITH_NNODES"]["value"], env["DRAFTSMITH_NPROC_PER_NODE"]["value"]) == (
+        "4$(DRAFTSMITH_STR)", "2$(DRAFTSMITH_STR)",
+    )  # fmt: skip
+    assert env["DRAFTSMITH_RDZV_ENDPOINT"]["value"].endswith("-0.draftsmith-train:29500")
+
+
+@pytest.mark.parametrize(("index", "runs"), [("0", "flow-run 7f3a"), ("1", "follower"), ("3", "follower")])
+def test_only_pod_0_runs_the_flow(train_template: dict, index: str, runs: str) -> None:
+    """The container command, run by /bin/sh as Kubernetes would: pod 0 execs the worker's flow-run command,
+    the others the follower command."""
+    rendered = render(train_template, WORKER_VALUES | {"follower_command": "echo follower"})
+    container = _pod(rendered)["containers"][0]
+    argv = container["command"] + ["echo", "flow-run", "7f3a"]  # the worker splits `args` into a list
+    res = subprocess.run(argv, env={"JOB_COMPLETION_INDEX": index}, capture_output=True, text=True, timeout=10)
+    assert (res.returncode, res.stdout.strip()) == (0, runs), res.stderr
+
+
+def test_rendezvous_service_matches_the_template(train_template: dict) -> None:
+    service = yaml.safe_load((WORK_POOLS_DIR / "gb200-train-service.yaml").read_text())
+    props = train_template["variables"]["properties"]
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["metadata"]["name"] == props["rdzv_service"]["default"]
+    assert service["metadata"]["namespace"] == props["namespace"]["default"]
+    pod_labels = render(train_template, WORKER_VALUES)["job_manifest"]["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == pod_labels
+    # The c10d store, and the launch node 0 serves to the others one port up (engines.torchrun.launch_address).
+    assert [p["port"] for p in service["spec"]["ports"]] == [29400, 29401] == [
+        props["rdzv_port"]["default"], props["rdzv_port"]["default"] + 1,
+    ]  # fmt: skip
+
+
+def _train_env(template: dict) -> list[dict]:
+    return _pod(template)["containers"][0]["env"]
+
+
+def test_broken_gb200_train_copies_are_named(train_template: dict) -> None:
+    broken = deepcopy(train_template)
+    broken["job_configuration"]["job_manifest"]["spec"]["completions"] = 2
+    _one_problem(broken, "spec.completions", "{{ nnodes }}")
+    broken = deepcopy(train_template)
+    del broken["job_configuration"]["job_manifest"]["spec"]["completionMode"]
+    _one_problem(broken, "spec.completionMode", "Indexed")
+    broken = deepcopy(train_template)
+    del broken["job_configuration"]["job_manifest"]["spec"]["successPolicy"]
+    _one_problem(broken, "spec.successPolicy")
+    broken = deepcopy(train_template)
+    del broken["variables"]["properties"]["nnodes"]["default"]
+    _one_problem(broken, "variables.properties.nnodes", "default >= 1")
+    broken = deepcopy(train_template)
+    _pod(broken)["containers"][0]["env"] = [e for e in _train_env(broken) if e["name"] != "DRAFTSMITH_RDZV_ENDPOINT"]
+    _one_problem(broken, "containers[0].env", "DRAFTSMITH_RDZV_ENDPOINT")
+    broken = deepcopy(train_template)
+    _pod(broken)["containers"][0]["command"] = ["/bin/sh", "-c", 'exec "$@"', "x"]
+    _one_problem(broken, "containers[0].command", "index 0")
+
+
+def test_env_values_kubernetes_would_reject_are_named(train_template: dict) -> None:
+    broken = deepcopy(train_template)
+    # A bare numeric placeholder renders to an int; Kubernetes wants a string.
+    next(e for e in _train_env(broken) if e["name"] == "DRAFTSMITH_NNODES")["value"] = "{{ nnodes }}"
+    _one_problem(broken, "env.DRAFTSMITH_NNODES", "renders to a int")
+    broken = deepcopy(train_template)
+    # $(VAR) only expands when VAR comes earlier in the list.
+    env = _train_env(broken)
+    env.append(env.pop(0))  # DRAFTSMITH_STR last
+    problems = validate_base_job_template(broken)
+    assert len(problems) == 2 and all("$(DRAFTSMITH_STR) is not defined earlier" in p for p in problems), problems

@@ -1,0 +1,123 @@
+"""The torchrun entry point: `python -m drafters.training.worker --spec JOB.json`, one process per rank.
+
+The `train` task writes the job spec, launches torchrun (`engines.torchrun`) and reads back `result.json`,
+which rank 0 writes after the consolidated export. Every rank builds the same plan from the sample lengths,
+shards the drafter, resumes from the newest complete checkpoint and trains its own micro-batches.
+"""
+
+import argparse
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from drafters import families
+from drafters.training import fsdp, run
+from drafters.training.checkpoint import Checkpoints
+from drafters.training.loop import Trainer
+from drafters.training.target_parts import load_target_parts, target_head
+from draftsmith import storage, tensorio
+from draftsmith.config import HiddenStatesConfig, TargetConfig
+from draftsmith.config.drafter import parse_drafter
+from draftsmith.config.train import TrainConfig
+
+log = logging.getLogger("drafters.training")
+
+
+@dataclass
+class TrainJob:
+    """Everything the ranks need, as JSON (`python -m drafters.training.worker --spec FILE`)."""
+
+    train: dict
+    drafter: dict
+    target: dict
+    hidden_cfg: dict
+    out_uri: str  # the stage folder: checkpoint files, metrics.jsonl, result.json
+    checkpoint_uri: str
+    counts_uri: str  # safetensors `{"counts": [V]}`: how often each id is a loss token (draft vocabulary)
+    key: str
+    seed: int
+    hidden_uri: str | None = None  # the offline store; None: online through Mooncake
+    tokens: dict | None = None  # the tokenize manifest (online producers need it)
+    max_steps: int | None = None  # stop early (benchmarks); the schedule still spans the whole run
+
+    def write(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f)
+
+    @classmethod
+    def read(cls, path: str) -> "TrainJob":
+        with open(path) as f:
+            return cls(**json.load(f))
+
+
+@dataclass
+class Built:
+    """The sharded module, rank 0's real copy (for FLOPs and export) and the objective's generator."""
+
+    module: fsdp.TrainModule
+    full: fsdp.TrainModule | None
+    generator: torch.Generator
+    head: torch.Tensor
+    full_config: object  # the target's HF config
+
+
+def build(job: TrainJob, d: fsdp.Dist) -> Built:
+    """Meta layout everywhere, real weights on rank 0 only, shards filled by broadcast."""
+    cfg = TrainConfig.model_validate(job.train)
+    drafter_cfg = parse_drafter(job.drafter)
+    target = TargetConfig.model_validate(job.target)
+    family = families.family(drafter_cfg.kind)
+    num_taps = len(HiddenStatesConfig.model_validate(job.hidden_cfg).taps)
+    parts = load_target_parts(target, materialize=True)
+    head = target_head(parts)
+    full = None
+    if d.is_main:
+        counts = tensorio.loads(storage.read_bytes(job.counts_uri))[0]["counts"]
+        torch.manual_seed(job.seed)  # the initial weights depend on the seed only, never on the world size
+        full = fsdp.TrainModule(family.build(drafter_cfg, families.BuildInputs(target, parts, num_taps, counts)), None)
+    del parts
+    skeleton = load_target_parts(target, materialize=False)
+    with torch.device("meta"):
+        counts_meta = torch.zeros(target.vocab_size, dtype=torch.long)
+        meta = family.build(drafter_cfg, families.BuildInputs(target, skeleton, num_taps, counts_meta))
+    module = fsdp.shard(fsdp.TrainModule(meta, None), cfg.mixed_precision, compile_layers=cfg.compile)
+    fsdp.materialize(module, full, d)
+    dtype = fsdp.DTYPES[cfg.mixed_precision.param_dtype]
+    generator = torch.Generator(device="cpu")
+    head = head.to(d.device, dtype)
+    module.objective = family.objective(drafter_cfg, module.drafter, head, generator)
+    if full is not None:
+        full.objective = family.objective(drafter_cfg, full.drafter, head.float().cpu(), torch.Generator())
+    return Built(module, full, generator, head, skeleton.config)
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", required=True, help="The TrainJob JSON the train task wrote.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    job = TrainJob.read(args.spec)
+    cfg = TrainConfig.model_validate(job.train)
+    torch.set_num_threads(int(os.environ.get("DRAFTSMITH_THREADS", cfg.rank_threads())))
+    d = fsdp.init_distributed(cfg.distributed)
+    try:
+        built = build(job, d)
+        batches = run.rank_batches(job, cfg, d)
+        trainer = Trainer(built.module, cfg, d, batches.total_steps, built.generator)
+        start = Checkpoints(job.checkpoint_uri, cfg.checkpoint.keep, d).resume(trainer)
+        if d.is_main:
+            log.info("train: rank 0 of %d, %d steps, resuming at step %d", d.world, batches.total_steps, start)
+        run.train(job, cfg, d, built, trainer, batches, start)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
