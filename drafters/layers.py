@@ -124,4 +124,5 @@ def apply_rope(x_BhSd: torch.Tensor, cos_BSd: torch.Tensor, sin_BSd: torch.Tenso
     """Rotate `[B, h, S, d]` by tables broadcastable to `[B, 1, S, d]`."""
     half = x_BhSd.shape[-1] // 2
     rotated = torch.cat([-x_BhSd[..., half:], x_BhSd[..., :half]], dim=-1)
-    return x_BhSd * cos_BSd.unsqueeze(-3) + rotated * sin_BSd.unsqueeze(-3)
+    # The tables are fp32; the result keeps x's dtype so bf16 attention stays bf16 under mixed precision.
+    return (x_BhSd * cos_BSd.unsqueeze(-3) + rotated * sin_BSd.unsqueeze(-3)).to(x_BhSd.dtype)

@@ -123,7 +123,7 @@ def render_plan(cfg: PipelineConfig, run_dir: str) -> str:
         (
             "train",
             cfg.train.resources,
-            f"{_drafter(cfg.drafter)}, {cfg.train.epochs} epochs",
+            f"{_drafter(cfg.drafter)}, {cfg.train.epochs} epochs\n   {_trainer(cfg.train)}",
         ),
         (
             "evaluate",
@@ -168,3 +168,19 @@ def _drafter(d) -> str:
         else f"Markov rank {d.markov_rank}, confidence head {'on' if d.confidence_head else 'off'}"
     )
     return f"{d.kind} ({layers}, {attn}, block {d.block_size}, {d.num_anchors} anchors/seq, {extra}, {vocab})"
+
+
+def _trainer(t) -> str:
+    """One line on the FSDP2 job: torchrun layout, precision, batch per step, schedule, checkpoints."""
+    d, mp = t.distributed, t.mixed_precision
+    backend = d.backend if d.backend != "auto" else ("nccl" if t.resources.gpus else "gloo")
+    ckpt = (
+        f"DCP every {t.checkpoint.every_steps} steps, keep {t.checkpoint.keep}"
+        if t.checkpoint.every_steps
+        else "no checkpoints"
+    )
+    return (
+        f"torchrun {d.nnodes} node(s) x {d.nproc_per_node} rank(s) = {t.world_size} ranks ({backend}), FSDP2 "
+        f"{mp.param_dtype} params/{mp.reduce_dtype} reduce, {t.world_size} x {t.grad_accum} micro-batches of "
+        f"<= {t.batch_tokens:,} padded tokens per step, {t.schedule} LR {t.lr:g} after {t.warmup_steps} warm-up steps, {ckpt}"
+    )

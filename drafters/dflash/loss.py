@@ -113,7 +113,7 @@ def dflash_objective(
     ids, mask = batch["input_ids"], batch["loss_mask"]
     anchors, keep = uniform_anchors(mask, num_anchors, generator, depth=block)
     anchors, keep = anchors.to(ids.device), keep.to(ids.device)
-    h = model.train_hidden(ids, batch["features"].float(), anchors, keep)
+    h = model.train_hidden(ids, batch["features"], anchors, keep)
     labels, valid = slot_labels(ids, mask, anchors, keep, block, spec.predict_anchor)
     out_labels, out_valid = _to_output_vocab(labels, valid, getattr(model, "t2d", None))
     b, n, k = out_valid.nonzero(as_tuple=True)

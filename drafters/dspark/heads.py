@@ -59,4 +59,4 @@ class ConfidenceHead(nn.Module):
         """Confidence logit `[...]` from the backbone output `h` `[..., H]` (after the final norm) and the
         previous token's Markov embedding `[..., r]` (ignored without `with_markov`)."""
         x = torch.cat([h, markov_emb], dim=-1) if self.with_markov else h
-        return self.proj(x.float()).squeeze(-1)
+        return self.proj(x.to(self.proj.weight.dtype)).float().squeeze(-1)

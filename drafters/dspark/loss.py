@@ -32,7 +32,7 @@ def target_logp(target_head_VH: torch.Tensor, last_hidden_nH: torch.Tensor, draf
             Taking only those head rows and normalising over them is the renormalised target distribution.
     """
     head = target_head_VH if draft_ids is None else target_head_VH[draft_ids]
-    return (last_hidden_nH.float() @ head.float().T).log_softmax(-1)
+    return (last_hidden_nH.to(head.dtype) @ head.T).float().log_softmax(-1)
 
 
 def _weighted_mean(values_n: torch.Tensor, w_n: torch.Tensor) -> torch.Tensor:

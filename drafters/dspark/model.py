@@ -122,7 +122,7 @@ def dspark_objective(
     ids, mask = batch["input_ids"], batch["loss_mask"]
     anchors, keep = uniform_anchors(mask, num_anchors, generator, depth=K + 1)
     anchors, keep = anchors.to(ids.device), keep.to(ids.device)
-    h = model.train_hidden(ids, batch["features"].float(), anchors, keep)
+    h = model.train_hidden(ids, batch["features"], anchors, keep)
     labels, valid = slot_labels(ids, mask, anchors, keep, K, predict_anchor=True)
     labels, valid = output_labels(model, labels, valid)
     b, n, k = valid.nonzero(as_tuple=True)

@@ -78,6 +78,10 @@ def anchored_loss(
         pc = p.clamp(max=S - 1)
         valid = keep_BN & (p < S) & position_mask_BS[rows, pc]
         with torch.no_grad():
-            target = (last_hidden_BSHt[rows[valid], pc[valid]].float() @ draft_head_VdHt.T).log_softmax(-1)
+            target = (
+                (last_hidden_BSHt[rows[valid], pc[valid]].to(draft_head_VdHt.dtype) @ draft_head_VdHt.T)
+                .float()
+                .log_softmax(-1)
+            )
         terms.append(depth_term(model.logits(hidden[valid]).float(), target))
     return combine(terms, decay)

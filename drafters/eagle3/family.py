@@ -61,7 +61,7 @@ def draftable(batch: dict[str, torch.Tensor], head_VHt: torch.Tensor, t2d_V: tor
 
 def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, generator: torch.Generator):
     """Forward KL to the target at every TTT depth; anchored TTT when `cfg.anchored` is set."""
-    draft_head = head_VHt[vocab.draft_ids(model.d2t)].float()  # [Vd, Ht]
+    draft_head = head_VHt[vocab.draft_ids(model.d2t)]  # [Vd, Ht], in the training compute dtype
 
     def run(model: Eagle3Drafter, batch: dict[str, torch.Tensor]) -> StepLoss:
         mask = loss.position_mask(batch["loss_mask"], draftable(batch, head_VHt, model.t2d))

@@ -73,7 +73,8 @@ class TrainModule(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         out: StepLoss = self.objective(self.drafter, batch)
-        return out.total, out.step_loss, out.step_acc, out.step_count
+        # Fresh tensors, not views: FSDP hooks its backward onto what forward returns.
+        return out.total.clone(), out.step_loss.clone(), out.step_acc.clone(), out.step_count.clone()
 
 
 def shard_units(drafter: nn.Module) -> list[nn.Module]:
