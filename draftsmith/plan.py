@@ -182,5 +182,6 @@ def _trainer(t) -> str:
     return (
         f"torchrun {d.nnodes} node(s) x {d.nproc_per_node} rank(s) = {t.world_size} ranks ({backend}), FSDP2 "
         f"{mp.param_dtype} params/{mp.reduce_dtype} reduce, {t.world_size} x {t.grad_accum} micro-batches of "
-        f"<= {t.batch_tokens:,} padded tokens per step, {t.schedule} LR {t.lr:g} after {t.warmup_steps} warm-up steps, {ckpt}"
+        f"<= {t.batch_tokens:,} padded tokens per step, {t.schedule} LR {t.lr:g} after {t.warmup_steps} "
+        f"warm-up steps, {ckpt}"
     )
