@@ -3,7 +3,9 @@
 Shape legend: B batch, S sequence.
 """
 
+import contextlib
 import functools
+import itertools
 import logging
 import os
 import signal
@@ -178,7 +180,6 @@ def _local_metrics_path(job, d: fsdp.Dist) -> Path:
 
 def train(job, cfg: TrainConfig, d: fsdp.Dist, built, trainer: Trainer, batches: RankBatches, start: int) -> None:
     """Steps from `start` to the end (or `job.max_steps`), checkpointing every `checkpoint.every_steps`."""
-    ckpts = Checkpoints(job.checkpoint_uri, cfg.checkpoint.keep, d)
     metrics_path = _local_metrics_path(job, d)
     sink = None
     if d.is_main:
@@ -186,32 +187,54 @@ def train(job, cfg: TrainConfig, d: fsdp.Dist, built, trainer: Trainer, batches:
         sink = MetricsSink(metrics_path, tensorboard_dir=tb, log_every=cfg.metrics.log_every, logger=log)
         sink.truncate_after(start)
     rec = Recorder(job, cfg, d, sink)
-    every, stop = cfg.checkpoint.every_steps, min(batches.total_steps, job.max_steps or batches.total_steps)
-    rec.ended[start] = (time.perf_counter(), 0)
-    fault = int(os.environ.get(FAULT_ENV, 0))
-    trained = 0
-    for epoch, micros in batches.iterate(start):
-        if trainer.step >= stop:
-            break
-        trained += len(micros)
-        if d.is_main and rec.flops_per_token is None:
-            rec.flops_per_token, rec.peak = measure_flops(built, micros[0], cfg, d)
-            rec.ended[trainer.step] = (time.perf_counter(), epoch)
-        raw = trainer.train_step(micros)
-        rec.step_done(trainer.step, epoch)
-        rec.write(raw)
-        if every and trainer.step % every == 0 and trainer.step < stop:
-            rec.write(trainer.flush())
-            ckpts.save(trainer)
-            if d.is_main and not storage.is_local(job.out_uri):
-                storage.write_bytes(storage.join(job.out_uri, "metrics.jsonl"), metrics_path.read_bytes())
-        if fault and trainer.step == fault and d.is_main:
-            os.killpg(os.getpgrp(), signal.SIGKILL)  # the whole job, as a lost node would: see FAULT_ENV
+    stop = min(batches.total_steps, job.max_steps or batches.total_steps)
+    # closing: stopping early (max_steps) must also stop the loader's read-ahead threads before export.
+    with contextlib.closing(batches.iterate(start)) as steps:
+        loop = Loop(job, cfg, d, built, trainer, rec, metrics_path)
+        trained = loop.run(itertools.islice(steps, max(0, stop - start)), stop)
     rec.write(trainer.flush())
     log.info("train: rank %d trained %d micro-batches in steps %d..%d", d.rank, trained, start + 1, trainer.step)
     if sink is not None:
         sink.close()
     export(job, d, built, rec, batches, metrics_path)
+
+
+@dataclass
+class Loop:
+    """The step loop of one rank, with its checkpoints and the fault-injection hook."""
+
+    job: object
+    cfg: TrainConfig
+    d: fsdp.Dist
+    built: object
+    trainer: Trainer
+    rec: Recorder
+    metrics_path: Path
+
+    def run(self, steps: Iterator[Step], stop: int) -> int:
+        """Train `steps`; returns how many micro-batches this rank trained."""
+        ckpts = Checkpoints(self.job.checkpoint_uri, self.cfg.checkpoint.keep, self.d)
+        every, fault = self.cfg.checkpoint.every_steps, int(os.environ.get(FAULT_ENV, 0))
+        trainer, rec, trained = self.trainer, self.rec, 0
+        rec.ended[trainer.step] = (time.perf_counter(), 0)
+        for epoch, micros in steps:
+            trained += len(micros)
+            if self.d.is_main and rec.flops_per_token is None:
+                rec.flops_per_token, rec.peak = measure_flops(self.built, micros[0], self.cfg, self.d)
+                rec.ended[trainer.step] = (time.perf_counter(), epoch)
+            rec.write(trainer.train_step(micros))
+            rec.step_done(trainer.step, epoch)
+            if every and trainer.step % every == 0 and trainer.step < stop:
+                rec.write(trainer.flush())
+                ckpts.save(trainer)
+                self._upload_metrics()
+            if fault and trainer.step == fault and self.d.is_main:
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # the whole job, as a lost node would: see FAULT_ENV
+        return trained
+
+    def _upload_metrics(self) -> None:
+        if self.d.is_main and not storage.is_local(self.job.out_uri):
+            storage.write_bytes(storage.join(self.job.out_uri, "metrics.jsonl"), self.metrics_path.read_bytes())
 
 
 def final_metrics(records: list[dict], last: int = 10) -> dict[str, float]:

@@ -20,7 +20,7 @@ from tasks.train import train
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def _train(tiny_cfg, tiny_run, out, **overrides):
+def _train(tiny_cfg, tiny_run, out, max_steps=None, **overrides):
     """Train the tiny drafter with `train.<field>` overrides (nested as dicts) into `out`."""
     cfg = tiny_cfg.train.model_copy(update={k: v for k, v in overrides.items() if not isinstance(v, dict)})
     for section, fields in ((k, v) for k, v in overrides.items() if isinstance(v, dict)):
@@ -28,7 +28,7 @@ def _train(tiny_cfg, tiny_run, out, **overrides):
     c = tiny_cfg
     return train(
         cfg, c.drafter, c.target, c.hidden_states, tiny_run["tokenize"], tiny_run["hidden_states"],
-        seed=c.seed, out_uri=str(out),
+        seed=c.seed, out_uri=str(out), max_steps=max_steps,
     )  # fmt: skip
 
 
@@ -37,16 +37,19 @@ def _losses(manifest) -> list[float]:
 
 
 def test_one_rank_and_two_ranks_trace_the_same_loss_curve(tiny_cfg, tiny_run, tmp_path, caplog):
-    """1 rank x 2 micro-batches and 2 ranks x 1 see the same samples per step: same curve, same weights."""
+    """1 rank x 2 micro-batches and 2 ranks x 1 see the same samples per step: same curve, same weights.
+
+    Both stop early (`max_steps`), which must also stop the loaders cleanly on every rank.
+    """
     caplog.set_level(logging.INFO)
-    common = {"batch_tokens": 256, "epochs": 2, "checkpoint": {"every_steps": 0}}
+    common = {"batch_tokens": 256, "epochs": 3, "checkpoint": {"every_steps": 0}, "max_steps": 6}
     one = _train(tiny_cfg, tiny_run, tmp_path / "one", grad_accum=2, **common)
     two = _train(
         tiny_cfg, tiny_run, tmp_path / "two", grad_accum=1, distributed={"nproc_per_node": 2},
         resources={"cpus": 2}, **common,
     )  # fmt: skip
     a, b = _losses(one), _losses(two)
-    assert len(a) == len(b) == one.counts["steps"] >= 4
+    assert len(a) == len(b) == one.counts["steps"] == 6
     assert two.counts["world_size"] == 2 and one.counts["world_size"] == 1
     assert a == pytest.approx(b, rel=2e-4, abs=1e-5), (a, b)
     assert a[-1] < a[0]
