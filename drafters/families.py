@@ -35,7 +35,7 @@ class BuildInputs:
 #       `generator` before each micro-batch from that micro-batch's samples, so any rank draws alike
 #   checkpoint_blobs(model, taps, metadata) -> {file: bytes}   the serving checkpoint
 #   load(folder, target_model) -> (model, taps)      that checkpoint back, in fp32
-#   generate(target, model, taps, prompt_S, *, g, max_new, eos) -> Decoded
+#   generate(target, model, taps, prompt_S, *, g, max_new, eos, sampling, rule, generator, truncate) -> Decoded
 #   code_modules() -> [modules]                     whose source keys the train/evaluate caches
 FAMILIES = {
     "eagle3": "drafters.eagle3.family",

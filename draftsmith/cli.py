@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith import cli_eval
 from draftsmith.config import PipelineConfig, RecipeError, load_recipe
 
 
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", required=True, choices=["vllm", "sglang", "tokenspeed"], help="serving engine")
     p.add_argument("--out", help="output folder (default: <run>/export/<engine>)")
     p.add_argument("--recipe", help="the run's recipe (default: <run>/recipe.yaml)")
+    cli_eval.add_parsers(sub)
     return parser
 
 
@@ -132,6 +134,8 @@ COMMANDS = {
     "plan": cmd_plan,
     "validate": cmd_validate,
     "export": cmd_export,
+    "eval": cli_eval.cmd_eval,
+    "sweep": cli_eval.cmd_sweep,
 }
 
 

@@ -30,7 +30,7 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
     checkpoint = train_task(
         config.train, config.drafter, config.target, config.hidden_states, tokens, hidden, config.seed, run_dir
     )
-    results = evaluate_task(config.evaluate, config.drafter, config.target, prompts, checkpoint, run_dir)
+    results = evaluate_task(config.evaluate, config.drafter, config.target, prompts, checkpoint, run_dir, config.seed)
     return {
         "select_prompts": prompts,
         "regenerate": conversations,

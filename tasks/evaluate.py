@@ -1,77 +1,142 @@
-"""Stage 6: real speculative decoding of the held-out prompts, with and without the drafter.
+"""Stage 6: real speculative decoding of benchmark prompts, with and without the drafter.
 
-Both decoders run in the same process on the same prompts, one after the other per prompt, so the
-tokens/s figures are comparable. Greedy verification is lossless: the speculative output must equal
-the baseline token for token, and any difference is counted and reported.
+The benchmarks are the built-in suites (one per prompt category; the embedded default), the recipe's
+held-out prompts and any `evaluate.bench_files`. Speculative and plain decoding run in the same process on
+the same turns, so tokens/s figures are comparable; greedy verification must reproduce plain greedy decoding
+exactly, and any difference is counted. DSpark adds confidence calibration and dynamic verification
+(`evals.evaluation`). Results: `results.json`, `prompts.jsonl`, PNG plots and a Prefect report.
 """
 
 import json
 import sys
-from collections import defaultdict
+import tempfile
+from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
-from drafters import families, verify
-from drafters.eagle3 import decode
+from drafters import families, speculative, verify
+from drafters.dspark import calibration as cal
 from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, EvaluateConfig, TargetConfig
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
-from tasks.prompt_pool import PromptRecord
+from evals import evaluation, harness, loaders, plots, report, suites
+from evals.records import BenchPrompt
+from tasks.prompt_pool import CATEGORIES
 from tasks.select_prompts import read_prompts
 
 STAGE = "evaluate"
 
 
-def prompt_ids(tok: PreTrainedTokenizerBase, record: PromptRecord) -> torch.Tensor:
-    """The first user turn (with its system prompt), rendered for generation, `[S]`."""
-    msgs = [{"role": "system", "content": record.system}] if record.system else []
-    msgs.append({"role": "user", "content": record.turns[0]})
-    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    return torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+def benches_for(cfg: EvaluateConfig, prompts: StageManifest | None, seed: int) -> dict[str, list[BenchPrompt]]:
+    """The benchmarks a recipe asks for: held-out prompts, built-in suites, then files."""
+    out: dict[str, list[BenchPrompt]] = {}
+    if cfg.held_out and prompts is not None:
+        held = read_prompts(prompts, "eval")[: cfg.max_prompts]
+        out["held-out"] = [BenchPrompt(r.id, r.category, r.turns[:1], r.system, "held-out") for r in held]
+    names = list(CATEGORIES) if cfg.suites == ["all"] else cfg.suites
+    unknown = [n for n in names if n not in CATEGORIES]
+    if unknown:
+        raise ValueError(f"evaluate.suites: unknown suites {unknown} (known: {', '.join(CATEGORIES)}, or all)")
+    built = suites.builtin_suites(cfg.prompts_per_suite, seed) if names else {}
+    out |= {n: built[n] for n in names}
+    for name, path in cfg.bench_files.items():
+        out[name] = loaders.load_bench(name, path)
+    if not out:
+        raise ValueError("evaluate: no benchmarks (evaluate.held_out, evaluate.suites and evaluate.bench_files)")
+    return out
 
 
-def summarise(rows: list[dict], drafter: str) -> dict:
-    """results.json: acc_len overall and per category, tokens/s with and without speculation."""
-    by_cat: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        by_cat[r["category"]].append(r)
-
-    def acc_len(group: list[dict]) -> float:
-        rounds = sum(r["rounds"] for r in group)
-        return round(1.0 + sum(r["accepted"] for r in group) / max(1, rounds), 4)
-
-    def tps(group: list[dict], key: str) -> float:
-        return round(sum(r["tokens"] for r in group) / sum(r[f"{key}_seconds"] for r in group), 3)
-
-    results = {
-        "drafter": drafter,
-        "acc_len": {"overall": acc_len(rows)} | {c: acc_len(g) for c, g in sorted(by_cat.items())},
-        "tokens_per_s": {"baseline": tps(rows, "baseline"), "speculative": tps(rows, "speculative")},
+def headline(kind: str, results: list[dict], g: int) -> dict:
+    """The run's summary: acc_len overall and per benchmark, tokens/s, speed-up, mismatches."""
+    base = sum(r["tokens_per_s"]["baseline"] * r["seconds"] for r in results) / sum(r["seconds"] for r in results)
+    spec = sum(r["tokens_per_s"]["speculative"] * r["seconds"] for r in results) / sum(r["seconds"] for r in results)
+    mismatched = [r["mismatched_outputs"] for r in results if r["mismatched_outputs"] is not None]
+    return {
+        "drafter": kind,
+        "draft_tokens_per_round": g,
+        "acc_len": {"overall": round(report.overall_acc_len(results), 4)} | {r["bench"]: r["acc_len"] for r in results},
+        "tokens_per_s": {"baseline": round(base, 3), "speculative": round(spec, 3)},
+        "speedup": round(spec / base, 3),
+        "prompts": sum(r["prompts"] for r in results),
+        "mismatched_outputs": sum(mismatched) if mismatched else None,
     }
-    results["speedup"] = round(results["tokens_per_s"]["speculative"] / results["tokens_per_s"]["baseline"], 3)
-    results["prompts"] = len(rows)
-    results["mismatched_outputs"] = sum(not r["identical"] for r in rows)
-    return results
 
 
 def format_table(results: dict) -> str:
     """The acceptance table that `draftsmith run` prints."""
-    lines = [f"{'category':<14}{'acc_len':>9}", "-" * 23]
-    for cat, value in results["acc_len"].items():
-        if cat != "overall":
-            lines.append(f"{cat:<14}{value:>9.3f}")
+    lines = [f"{'benchmark':<14}{'acc_len':>9}", "-" * 23]
+    for bench, value in results["acc_len"].items():
+        if bench != "overall":
+            lines.append(f"{bench:<14}{value:>9.3f}")
     lines += ["-" * 23, f"{'overall':<14}{results['acc_len']['overall']:>9.3f}"]
     t = results["tokens_per_s"]
+    mismatch = results["mismatched_outputs"]
     lines.append(
-        f"tokens/s: baseline {t['baseline']:.2f}, speculative {t['speculative']:.2f} "
-        f"(x{results['speedup']:.2f}); {results['prompts']} prompts, "
-        f"{results['mismatched_outputs']} outputs differ from greedy"
+        f"tokens/s: baseline {t['baseline']:.2f}, speculative {t['speculative']:.2f} (x{results['speedup']:.2f}); "
+        f"{results['prompts']} prompts"
+        + (
+            f", {mismatch} outputs differ from greedy"
+            if mismatch is not None
+            else f" at temperature {results['temperature']}"
+        )
     )
     return "\n".join(lines)
+
+
+def render(uri: str, key: str, results: dict) -> list:
+    """PNG plots into the stage folder and the Prefect report (inside a flow run); returns their file entries."""
+    benches = results["benches"] + results.get("dynamic", [])
+    conf = results.get("confidence")
+    with tempfile.TemporaryDirectory(prefix="draftsmith-plots-") as tmp:
+        paths = {name: str(Path(tmp) / f"{name}.png") for name in ("acc_len_by_bench", "position_acceptance")}
+        plots.acc_len_by_bench(benches, paths["acc_len_by_bench"])
+        plots.position_acceptance(benches, paths["position_acceptance"])
+        if conf:
+            paths["reliability"] = str(Path(tmp) / "reliability.png")
+            plots.reliability_diagram(
+                conf["reliability_after"], paths["reliability"], ece_before=conf["ece_before"],
+                ece_after=conf["ece_after"], bins_before=conf["reliability_before"],
+            )  # fmt: skip
+        report.publish(benches, None, conf, paths, key=f"eval-{key[:12]}")
+        return [file_entry(uri, f"{name}.png", Path(path).read_bytes()) for name, path in paths.items()]
+
+
+def evaluate_checkpoint(
+    cfg: EvaluateConfig,
+    drafter_cfg: DrafterConfig,
+    target: TargetConfig,
+    prompts: StageManifest | None,
+    checkpoint_uri: str,
+    *,
+    seed: int,
+    uri: str,
+    key: str,
+) -> tuple[dict, list]:
+    """Evaluate the drafter checkpoint at `checkpoint_uri` (a train stage or an export folder) and write its
+    results, per-turn rows, plots and calibration under `uri`; returns `(results, file entries)`."""
+    family = families.family(drafter_cfg.kind)
+    model, tok = hf.load_target(target)
+    drafter, taps = family.load(checkpoint_uri, model)
+    g = drafter_cfg.drafts_per_round(cfg.num_draft_tokens)
+    settings = evaluation.settings_for(cfg.temperature, cfg.top_p, cfg.verification, cfg.max_new_tokens, g, seed)
+    eos = set(hf.end_of_turn_ids(tok, model))
+    with torch.inference_mode():
+        calibration = cfg.calibration_prompts if drafter_cfg.kind == "dspark" else 0
+        out, rows, fitted = evaluation.evaluate_drafter(
+            model, tok, family, drafter, taps, kind=drafter_cfg.kind, benches=benches_for(cfg, prompts, seed),
+            settings=settings, eos=eos, calibration_prompts=calibration, threshold=cfg.confidence_threshold,
+        )  # fmt: skip
+    results = headline(drafter_cfg.kind, out["benches"], g) | out | {"temperature": cfg.temperature, "top_p": cfg.top_p}
+    files = [
+        file_entry(uri, "results.json", (json.dumps(results, indent=2) + "\n").encode()),
+        file_entry(uri, "prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()),
+    ]
+    if fitted is not None:
+        files.append(file_entry(uri, cal.CALIBRATION_FILE, fitted.to_json().encode()))
+    return results, files + render(uri, key, results)
 
 
 def evaluate(
@@ -82,50 +147,20 @@ def evaluate(
     checkpoint: StageManifest,
     *,
     out_uri: str,
+    seed: int = 0,
 ) -> StageManifest:
-    """Write `results.json` and per-prompt `prompts.jsonl` under `out_uri`."""
+    """Write `results.json`, per-turn `prompts.jsonl`, plots and (DSpark) `calibration.json` under `out_uri`."""
     family = families.family(drafter_cfg.kind)
-    key = stage_key(
-        STAGE,
-        [sys.modules[__name__], decode, verify, family, *family.code_modules()],
-        cfg=cfg,
-        drafter=drafter_cfg,
-        target=target,
-        prompts=prompts,
-        checkpoint=checkpoint,
-    )
+    code = [sys.modules[__name__], speculative, verify, cal, evaluation, harness, suites, loaders, family]
+    inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "prompts": prompts, "checkpoint": checkpoint}
+    key = stage_key(STAGE, code + family.code_modules(), **inputs, seed=seed)
 
     def compute(uri: str) -> StageResult:
-        model, tok = hf.load_target(target)
-        drafter, taps = family.load(checkpoint.uri, model)
-        g = drafter_cfg.drafts_per_round(cfg.num_draft_tokens)
-        eos = set(hf.end_of_turn_ids(tok, model))
-        records = read_prompts(prompts, "eval")[: cfg.max_prompts]
-        decode.greedy_generate(model, prompt_ids(tok, records[0]), max_new=4, eos=eos)  # warm-up
-        rows = []
-        for rec in records:
-            ids = prompt_ids(tok, rec)
-            base = decode.greedy_generate(model, ids, max_new=cfg.max_new_tokens, eos=eos)
-            spec = family.generate(model, drafter, taps, ids, g=g, max_new=cfg.max_new_tokens, eos=eos)
-            rows.append(
-                {
-                    "id": rec.id,
-                    "category": rec.category,
-                    "tokens": len(base.tokens),
-                    "rounds": spec.rounds,
-                    "accepted": spec.accepted,
-                    "identical": spec.tokens == base.tokens,
-                    "baseline_seconds": base.seconds,
-                    "speculative_seconds": spec.seconds,
-                }
-            )
-        results = summarise(rows, drafter_cfg.kind) | {"draft_tokens_per_round": g}
-        files = [
-            file_entry(uri, "results.json", (json.dumps(results, indent=2) + "\n").encode()),
-            file_entry(uri, "prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()),
-        ]
+        results, files = evaluate_checkpoint(
+            cfg, drafter_cfg, target, prompts, checkpoint.uri, seed=seed, uri=uri, key=key
+        )
         metrics = {"acc_len": results["acc_len"]["overall"], "speedup": results["speedup"]}
-        return StageResult(files=files, counts={"prompts": len(rows)}, metrics=metrics)
+        return StageResult(files=files, counts={"prompts": results["prompts"]}, metrics=metrics)
 
     return run_stage(STAGE, out_uri, key, compute)
 
@@ -142,5 +177,6 @@ def evaluate_task(
     prompts: StageManifest,
     checkpoint: StageManifest,
     run_dir: str,
+    seed: int = 0,
 ) -> StageManifest:
-    return evaluate(cfg, drafter_cfg, target, prompts, checkpoint, out_uri=storage.join(run_dir, STAGE))
+    return evaluate(cfg, drafter_cfg, target, prompts, checkpoint, out_uri=storage.join(run_dir, STAGE), seed=seed)

@@ -10,7 +10,6 @@ the target cache is cropped to the verified length. The output equals the target
 Shape legend: S prompt length, Q block slots, H drafter width, F = num_taps * Ht.
 """
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -18,9 +17,8 @@ from transformers import PreTrainedModel
 
 from drafters.dflash.model import DFlashDrafter
 from drafters.dflash.selector import walk
-from drafters.eagle3.decode import Decoded, _stop
-from drafters.verify import greedy_verify
-from engines.hf import TapRecorder
+from drafters.speculative import GREEDY, Decoded, Draft, is_greedy, speculative_decode
+from drafters.verify import Sampling, warp
 
 Propose = Callable[[DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -67,7 +65,56 @@ def draft_block_hidden(drafter: DFlashDrafter, ctx: ContextKV, anchor_token: int
     return drafter.blocks(ids, positions[None], ctx.kv, masks)[0]
 
 
-@torch.inference_mode()
+Pick = Callable[[DFlashDrafter, torch.Tensor, torch.Tensor, Sampling, torch.Generator], Draft]
+
+
+def default_pick(
+    drafter: DFlashDrafter, h_QH: torch.Tensor, anchor: torch.Tensor, sampling: Sampling, generator: torch.Generator
+) -> Draft:
+    """DFlash/DFlash2 drafts: `default_propose` when greedy; sampled, each predicting slot draws from its own
+    distribution (the slots are conditionally independent given the context; the DFlash2 selector walk is a
+    greedy search and is not used when sampling)."""
+    if is_greedy(sampling):
+        return Draft(default_propose(drafter, h_QH, anchor))
+    logits = drafter.logits(h_QH[drafter.spec.first_slot :])
+    probs = warp(logits.float(), sampling)  # [L, Vout]
+    picks = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    q = probs
+    if drafter.spec.draft_vocab_size is not None:  # lay the pruned distributions over the target vocabulary
+        q = probs.new_zeros(probs.shape[0], drafter.spec.vocab_size)
+        q[:, drafter.to_target(torch.arange(probs.shape[1]))] = probs
+    return Draft(drafter.to_target(picks), q)
+
+
+def greedy_pick(propose: Propose) -> Pick:
+    """A tokens-only `propose` hook as a greedy `Pick`."""
+
+    def pick(drafter, h_QH, anchor, sampling, generator) -> Draft:
+        if not is_greedy(sampling):
+            raise ValueError("this proposer drafts greedily only; use temperature 0")
+        return Draft(propose(drafter, h_QH, anchor))
+
+    return pick
+
+
+class BlockProposer:
+    """A block drafter's side of `drafters.speculative`: one parallel block per round over a growing context."""
+
+    def __init__(self, drafter: DFlashDrafter, pick: Pick = default_pick) -> None:
+        self.drafter, self.pick, self.ctx = drafter, pick, ContextKV(drafter)
+
+    def prefill(self, features_SF: torch.Tensor, prompt_S: torch.Tensor, first: int) -> None:
+        self.ctx.extend(features_SF)
+
+    def propose(self, last: int, sampling: Sampling, generator: torch.Generator) -> Draft:
+        h = draft_block_hidden(self.drafter, self.ctx, last)
+        draft = self.pick(self.drafter, h, torch.tensor(last), sampling, generator)
+        return Draft(draft.tokens.reshape(-1).long(), draft.q, draft.confidence)
+
+    def accept(self, features_nF: torch.Tensor, emitted: list[int]) -> None:
+        self.ctx.extend(features_nF)
+
+
 def speculative_generate(
     target: PreTrainedModel,
     drafter: DFlashDrafter,
@@ -77,31 +124,19 @@ def speculative_generate(
     max_new: int,
     eos: set[int],
     propose: Propose | None = None,
+    pick: Pick | None = None,
+    sampling: Sampling = GREEDY,
+    rule: str = "token",
+    generator: torch.Generator | None = None,
+    truncate=None,
 ) -> Decoded:
-    """Greedy speculative decoding of one prompt `[S]`; the output equals the target's greedy output.
+    """Speculative decoding of one prompt `[S]`; greedy output equals the target's greedy output.
 
-    `propose(drafter, h_QH, anchor_token) -> drafts [g]` (target ids) picks the drafts from the block outputs;
-    the default is `default_propose` (DFlash/DFlash2). g may be any length (DSpark drafts B).
+    `pick` chooses the drafts from the block outputs (default `default_pick`); a tokens-only `propose(drafter,
+    h_QH, anchor_token) -> drafts [g]` hook is accepted for greedy decoding. g may be any length (DSpark drafts B).
     """
-    propose = propose or default_propose
-    start_time = time.perf_counter()
-    rec = TapRecorder(target, taps)
-    with rec:
-        out = target(input_ids=prompt_S[None], use_cache=True)
-    cache, generated = out.cache, [int(out.logits[0, -1].argmax())]
-    ctx = ContextKV(drafter)
-    ctx.extend(rec.features_BSF()[0].float())
-    rounds = accepted = 0
-    while not eos.intersection(generated) and len(generated) < max_new:
-        h = draft_block_hidden(drafter, ctx, generated[-1])
-        anchor = prompt_S.new_tensor(generated[-1:])
-        drafts = propose(drafter, h, anchor[0]).to(prompt_S.dtype).reshape(-1)
-        with rec:
-            out = target(input_ids=torch.cat([anchor, drafts])[None], cache=cache, use_cache=True)
-        n_acc, emitted = greedy_verify(drafts, out.logits[0].argmax(-1))
-        if n_acc < drafts.numel():
-            cache.crop(-(drafts.numel() - n_acc))
-        ctx.extend(rec.features_BSF()[0, : n_acc + 1].float())
-        rounds, accepted = rounds + 1, accepted + n_acc
-        generated.extend(emitted)
-    return Decoded(_stop(generated, eos, max_new), time.perf_counter() - start_time, rounds, accepted)
+    chosen = pick or (greedy_pick(propose) if propose is not None else default_pick)
+    return speculative_decode(
+        target, taps, BlockProposer(drafter, chosen), prompt_S, max_new=max_new, eos=eos, sampling=sampling,
+        rule=rule, generator=generator, truncate=truncate,
+    )  # fmt: skip

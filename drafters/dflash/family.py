@@ -96,9 +96,13 @@ def shared_weights(target_model) -> tuple[torch.Tensor, torch.Tensor]:
     return embed, target_model.get_output_embeddings().weight.detach().float()
 
 
-def generate(target, drafter: DFlashDrafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos):
-    """Drafts the block's B - 1 mask slots each round (`g` is fixed by the block size)."""
-    return decode.speculative_generate(target, drafter, taps, prompt_S, max_new=max_new, eos=eos)
+def generate(
+    target, drafter: DFlashDrafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos, **how
+):
+    """Drafts the block's B - 1 mask slots each round (`g` is fixed by the block size); `how`: sampling, rule,
+    generator."""
+    how.pop("truncate", None)
+    return decode.speculative_generate(target, drafter, taps, prompt_S, max_new=max_new, eos=eos, **how)
 
 
 def code_modules() -> list:

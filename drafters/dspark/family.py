@@ -41,10 +41,13 @@ def load(folder: str, target_model) -> tuple[DSparkDrafter, list[int]]:
     return export.load_drafter(folder, *dflash_family.shared_weights(target_model))
 
 
-def generate(target, drafter: DSparkDrafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos):
-    """Every slot drafts (B per round), each from backbone logits plus the previous draft's Markov bias."""
+def generate(
+    target, drafter: DSparkDrafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos, **how
+):
+    """Every slot drafts (B per round), each from backbone logits plus the previous draft's Markov bias (sampled
+    sequentially when sampling); `how`: sampling, rule, generator, truncate (dynamic verification)."""
     return block_decode.speculative_generate(
-        target, drafter, taps, prompt_S, max_new=max_new, eos=eos, propose=decode.propose
+        target, drafter, taps, prompt_S, max_new=max_new, eos=eos, pick=decode.pick, **how
     )
 
 

@@ -8,25 +8,12 @@ the verified length. The baseline is plain greedy decoding with the same target 
 Shape legend: S sequence, F = N*Ht fused feature width, h heads, T cached keys, d head width.
 """
 
-import time
-from dataclasses import dataclass
-
 import torch
 from transformers import PreTrainedModel
 
 from drafters.eagle3.model import Eagle3Drafter
-from drafters.verify import greedy_verify
-from engines.hf import TapRecorder
-
-
-@dataclass
-class Decoded:
-    """One generation: the new tokens, verification rounds and accepted drafts (0 for the baseline)."""
-
-    tokens: list[int]
-    seconds: float
-    rounds: int = 0
-    accepted: int = 0
+from drafters.speculative import GREEDY, Decoded, Draft, draw, plain_decode, speculative_decode
+from drafters.verify import Sampling
 
 
 class DraftCache:
@@ -75,29 +62,59 @@ def _draft_chain(
     start: int,
     cache: DraftCache,
     g: int,
-) -> torch.Tensor:
-    """Extend the context with verified positions, then draft `g` tokens (target ids)."""
+    sampling: Sampling = GREEDY,
+    generator: torch.Generator | None = None,
+) -> Draft:
+    """Extend the context with verified positions, then draft `g` tokens (target ids), greedy or sampled.
+
+    Sampled drafts come with their distributions over the target vocabulary `[g, V]` (zero outside the
+    draft vocabulary), which the sampling verification rules divide by.
+    """
     logits, hidden = _draft_forward(drafter, tokens_S, drafter.fuse(feats_SF[None])[0], start, cache)
     context = cache.length
-    drafts = [drafter.draft_to_target(logits[-1].argmax())]
-    hidden, pos = hidden[-1:], start + tokens_S.numel()
-    for _ in range(g - 1):
-        logits, hidden = _draft_forward(drafter, drafts[-1].view(1), hidden, pos, cache)
-        drafts.append(drafter.draft_to_target(logits[-1].argmax()))
-        pos += 1
+    drafts, qs = [], []
+    pos = start + tokens_S.numel()
+    for i in range(g):
+        if i:
+            logits, hidden = _draft_forward(drafter, drafts[-1].view(1), hidden, pos, cache)
+            pos += 1
+        index, q_d = draw(logits[-1], sampling, generator)
+        drafts.append(drafter.draft_to_target(torch.tensor(index)))
+        hidden = hidden[-1:]
+        if q_d is not None:
+            qs.append(_to_target_vocab(drafter, q_d))
     cache.crop(context)
-    return torch.stack(drafts)
+    return Draft(torch.stack(drafts), torch.stack(qs) if qs else None)
 
 
-def _stop(tokens: list[int], eos: set[int], max_new: int) -> list[int]:
-    """Cut at the first end-of-turn token (kept) or at `max_new` tokens."""
-    for i, t in enumerate(tokens[:max_new]):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens[:max_new]
+def _to_target_vocab(drafter: Eagle3Drafter, q_Vd: torch.Tensor) -> torch.Tensor:
+    """A draft-vocabulary distribution `[Vd]` laid out over the target vocabulary `[V]`."""
+    q = q_Vd.new_zeros(drafter.t2d.numel())
+    q[drafter.draft_to_target(torch.arange(q_Vd.numel()))] = q_Vd
+    return q
 
 
-@torch.inference_mode()
+class EagleProposer:
+    """EAGLE-3's side of `drafters.speculative`: a chain of `g` drafts per round over a cached context."""
+
+    def __init__(self, drafter: Eagle3Drafter, g: int) -> None:
+        self.drafter, self.g, self.cache = drafter, g, DraftCache()
+        self.feats = self.tokens = None
+        self.start = 0
+
+    def prefill(self, features_SF: torch.Tensor, prompt_S: torch.Tensor, first: int) -> None:
+        # The drafter pairs the taps at position p with the token at p + 1.
+        self.feats, self.tokens = features_SF, torch.cat([prompt_S[1:], prompt_S.new_tensor([first])])
+
+    def propose(self, last: int, sampling: Sampling, generator: torch.Generator) -> Draft:
+        draft = _draft_chain(self.drafter, self.feats, self.tokens, self.start, self.cache, self.g, sampling, generator)
+        self.start += self.tokens.numel()
+        return draft
+
+    def accept(self, features_nF: torch.Tensor, emitted: list[int]) -> None:
+        self.feats, self.tokens = features_nF, torch.tensor(emitted, dtype=torch.long)
+
+
 def speculative_generate(
     target: PreTrainedModel,
     drafter: Eagle3Drafter,
@@ -107,38 +124,17 @@ def speculative_generate(
     g: int,
     max_new: int,
     eos: set[int],
+    sampling: Sampling = GREEDY,
+    rule: str = "token",
+    generator: torch.Generator | None = None,
 ) -> Decoded:
-    """Greedy speculative decoding of one prompt `[S]`; the output equals the target's greedy output."""
-    start_time = time.perf_counter()
-    rec = TapRecorder(target, taps)
-    with rec:
-        out = target(input_ids=prompt_S[None], use_cache=True)
-    cache, generated = out.cache, [int(out.logits[0, -1].argmax())]
-    dcache = DraftCache()
-    feats, tokens, start = rec.features_BSF()[0], torch.cat([prompt_S[1:], prompt_S.new_tensor(generated)]), 0
-    rounds = accepted = 0
-    while not eos.intersection(generated) and len(generated) < max_new:
-        drafts = _draft_chain(drafter, feats.float(), tokens, start, dcache, g)
-        verify_in = torch.cat([prompt_S.new_tensor(generated[-1:]), drafts])
-        with rec:
-            out = target(input_ids=verify_in[None], cache=cache, use_cache=True)
-        n_acc, emitted = greedy_verify(drafts, out.logits[0].argmax(-1))
-        if n_acc < g:
-            cache.crop(-(g - n_acc))
-        rounds, accepted = rounds + 1, accepted + n_acc
-        start += tokens.numel()
-        feats, tokens = rec.features_BSF()[0, : n_acc + 1], prompt_S.new_tensor(emitted)
-        generated.extend(emitted)
-    return Decoded(_stop(generated, eos, max_new), time.perf_counter() - start_time, rounds, accepted)
+    """Speculative decoding of one prompt `[S]`; greedy output equals the target's greedy output."""
+    proposer = EagleProposer(drafter, g)
+    return speculative_decode(
+        target, taps, proposer, prompt_S, max_new=max_new, eos=eos, sampling=sampling, rule=rule, generator=generator
+    )
 
 
-@torch.inference_mode()
 def greedy_generate(target: PreTrainedModel, prompt_S: torch.Tensor, *, max_new: int, eos: set[int]) -> Decoded:
     """Plain greedy decoding with a KV cache: the baseline."""
-    start_time = time.perf_counter()
-    out = target(input_ids=prompt_S[None], use_cache=True)
-    cache, generated = out.cache, [int(out.logits[0, -1].argmax())]
-    while generated[-1] not in eos and len(generated) < max_new:
-        out = target(input_ids=prompt_S.new_tensor(generated[-1:])[None], cache=cache, use_cache=True)
-        generated.append(int(out.logits[0, -1].argmax()))
-    return Decoded(_stop(generated, eos, max_new), time.perf_counter() - start_time)
+    return plain_decode(target, prompt_S, max_new=max_new, eos=eos)

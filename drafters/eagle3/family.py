@@ -83,8 +83,12 @@ def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, g
     return run
 
 
-def generate(target, drafter: Eagle3Drafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos):
-    return decode.speculative_generate(target, drafter, taps, prompt_S, g=g, max_new=max_new, eos=eos)
+def generate(
+    target, drafter: Eagle3Drafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos, **how
+):
+    """A chain of `g` drafts per round; `how`: sampling, rule, generator (see `drafters.speculative`)."""
+    how.pop("truncate", None)  # a chain has no confidences to truncate by
+    return decode.speculative_generate(target, drafter, taps, prompt_S, g=g, max_new=max_new, eos=eos, **how)
 
 
 def checkpoint_blobs(model: Eagle3Drafter, taps: list[int], metadata: dict) -> dict[str, bytes]:

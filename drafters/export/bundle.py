@@ -219,6 +219,25 @@ def _target_config(target_dir: Path) -> dict:
     return config.get("text_config") or config
 
 
+def with_calibration(blobs: dict[str, bytes], run_dir: str, block_size: int) -> dict[str, bytes]:
+    """DSpark: the evaluate stage's confidence calibration, when there is one, travels with the export:
+    `calibration.json` plus `confidence_temperatures` in config.json (the field DSpark checkpoints carry)."""
+    from drafters.dspark import calibration as cal
+
+    url = storage.join(run_dir, "evaluate", cal.CALIBRATION_FILE)
+    if not storage.exists(url):
+        return blobs
+    fitted = cal.Calibration.from_json(storage.read_bytes(url))
+    if len(fitted.temperatures) != block_size:
+        raise guards.ExportError(f"{url}: {len(fitted.temperatures)} temperatures for a block of {block_size}")
+    config = json.loads(blobs[CONFIG]) | cal.calibration_config(fitted)
+    config.setdefault("draftsmith", {})["calibration"] = fitted.to_dict()
+    return blobs | {
+        CONFIG: (json.dumps(config, indent=2) + "\n").encode(),
+        cal.CALIBRATION_FILE: fitted.to_json().encode(),
+    }
+
+
 def export_run(run_dir: str, engine: str, *, recipe: str | None = None, out: str | None = None) -> ExportResult:
     """Export the drafter of a finished run (`<run>/train/`) for `engine` into `out` (default `<run>/export/<engine>`).
 
@@ -251,6 +270,8 @@ def export_run(run_dir: str, engine: str, *, recipe: str | None = None, out: str
     blobs = export_drafter(
         method, model, taps, metadata, engine=engine, num_target_layers=cfg.target.num_layers, target_embed_VH=embed
     )
+    if method == "dspark":
+        blobs = with_calibration(blobs, run_dir, model.spec.block_size)
     folder = write_folder(out or storage.join(run_dir, "export", engine), blobs)
     config = json.loads(blobs[CONFIG])
     n = module.num_speculative_tokens(config, getattr(cfg.drafter, "ttt_depth", None))

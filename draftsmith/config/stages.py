@@ -6,7 +6,7 @@ Cross-section rules (taps against the target's layer count, for instance) live i
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from draftsmith.config.base import StrictModel
 
@@ -50,12 +50,44 @@ class StorageConfig(StrictModel):
 
 
 class EvaluateConfig(StrictModel):
-    """Real speculative decoding of the held-out prompts, with and without the drafter."""
+    """Real speculative decoding of benchmark prompts, with and without the drafter, in the same run."""
 
     num_draft_tokens: int = Field(
         3, ge=1, description="Draft chain length per round (chain drafters; a block drafter drafts its block)."
     )
-    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per held-out prompt.")
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt and turn.")
     max_prompts: int | None = Field(None, gt=0, description="Evaluate at most this many held-out prompts.")
-    verification: Literal["greedy"] = Field("greedy", description="Verification rule.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of target and drafter (0: greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass, applied to target and drafter alike.")
+    verification: Literal["greedy", "token", "block"] = Field(
+        "greedy",
+        description="Verification rule: greedy (temperature 0), token (speculative sampling) or block (Sun et al.).",
+    )
+    suites: list[str] = Field(
+        default_factory=lambda: ["all"],
+        description="Built-in benchmark suites (categories) to run, `all`, or [] for none.",
+    )
+    prompts_per_suite: int = Field(4, ge=1, description="Prompts drawn per built-in suite.")
+    held_out: bool = Field(True, description="Also evaluate the recipe's held-out prompts (benchmark `held-out`).")
+    bench_files: dict[str, str] = Field(
+        default_factory=dict, description="More benchmarks, name -> local path or s3:// URL (MT-Bench, GSM8K, ...)."
+    )
+    calibration_prompts: int = Field(
+        2, ge=0, description="DSpark: prompts per built-in suite to calibrate the confidence head on (0: skip)."
+    )
+    confidence_threshold: float = Field(
+        0.5, ge=0.0, le=1.0, description="DSpark dynamic verification: keep drafts while calibrated survival >= this."
+    )
+
+    @model_validator(mode="after")
+    def _rule_fits_sampling(self) -> "EvaluateConfig":
+        if self.verification == "greedy" and self.temperature > 0:
+            raise ValueError(
+                f"evaluate.verification: greedy verification with temperature {self.temperature} is not lossless; "
+                "use token or block"
+            )
+        if self.verification != "greedy" and self.temperature == 0:
+            raise ValueError(f"evaluate.verification: {self.verification} needs temperature > 0 (greedy at 0)")
+        return self
+
     resources: Resources = Field(default_factory=Resources, description="Where this stage runs.")

@@ -111,6 +111,21 @@ def test_evaluate_is_lossless_and_reports_acc_len(tiny_run):
     rounds = sum(r["rounds"] for r in rows)
     assert results["acc_len"]["overall"] == pytest.approx(1 + sum(r["accepted"] for r in rows) / rounds, abs=1e-4)
     assert set(results["tokens_per_s"]) == {"baseline", "speculative"}
+    # Every benchmark: the held-out prompts and the six built-in suites (dialogue two-turn), each reproducible.
+    benches = {r["bench"] for r in results["benches"]}
+    assert benches == {"held-out", "math", "coding", "reasoning", "writing", "multilingual", "dialogue"}
+    assert {r["turn"] for r in rows if r["bench"] == "dialogue"} == {0, 1}
+    for r in results["benches"]:
+        assert sum(r["accept_hist"]) == r["rounds"] and len(r["position_accept"]) == 3
+
+
+def test_evaluate_renders_its_plots_as_pngs_of_the_fixed_size(tiny_run):
+    from pathlib import Path
+
+    from tests.unit.test_eval_plots import check_png
+
+    for name in ("acc_len_by_bench", "position_acceptance"):
+        check_png(Path(tiny_run["evaluate"].path(f"{name}.png")), name)
 
 
 def test_rerun_is_served_from_the_manifest(tiny_cfg, tiny_run):
