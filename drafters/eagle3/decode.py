@@ -1,9 +1,8 @@
 """Speculative decoding with an EAGLE-3 chain drafter and an HF target, batch 1, KV caches on both.
 
-Each round: the drafter extends its context with the target features of the tokens verified last
-round, drafts a chain of `g` tokens, the target scores `[last token, drafts]` in one forward, greedy
-verification keeps the longest matching prefix plus one target token, and both caches roll back to
-the verified length. The baseline is plain greedy decoding with the same target and cache.
+`EagleProposer` is EAGLE-3's side of `drafters.speculative`: each round the drafter extends its context with
+the target features of the tokens verified last round and drafts a chain of `g` tokens (greedy, or sampled
+with their distributions kept for the sampling rules); the shared loop verifies and rolls both caches back.
 
 Shape legend: S sequence, F = N*Ht fused feature width, h heads, T cached keys, d head width.
 """

@@ -122,7 +122,7 @@ def rank_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
 class Recorder:
     """Rank 0's view of the step records: adds epoch, throughput and MFU, and writes them to the sink."""
 
-    def __init__(self, job, cfg: TrainConfig, d: fsdp.Dist, sink: MetricsSink | None) -> None:
+    def __init__(self, cfg: TrainConfig, d: fsdp.Dist, sink: MetricsSink | None) -> None:
         self.cfg, self.d, self.sink = cfg, d, sink
         self.ended: dict[int, tuple[float, int]] = {}  # step -> (host time its step call returned, epoch)
         self.records: list[dict] = []
@@ -186,7 +186,7 @@ def train(job, cfg: TrainConfig, d: fsdp.Dist, built, trainer: Trainer, batches:
         tb = storage.local_path(storage.join(job.out_uri, "tensorboard")) if cfg.metrics.tensorboard else None
         sink = MetricsSink(metrics_path, tensorboard_dir=tb, log_every=cfg.metrics.log_every, logger=log)
         sink.truncate_after(start)
-    rec = Recorder(job, cfg, d, sink)
+    rec = Recorder(cfg, d, sink)
     stop = min(batches.total_steps, job.max_steps or batches.total_steps)
     # closing: stopping early (max_steps) must also stop the loader's read-ahead threads before export.
     with contextlib.closing(batches.iterate(start)) as steps:
