@@ -36,6 +36,7 @@ class BuildInputs:
 #   checkpoint_blobs(model, taps, metadata) -> {file: bytes}   the serving checkpoint
 #   load(folder, target_model) -> (model, taps)      that checkpoint back, in fp32
 #   generate(target, model, taps, prompt_S, *, g, max_new, eos, sampling, rule, generator, truncate) -> Decoded
+#   proposer(model, g) -> Proposer                  one row's drafting state, for batched decoding
 #   code_modules() -> [modules]                     whose source keys the train/evaluate caches
 FAMILIES = {
     "eagle3": "drafters.eagle3.family",

@@ -1,6 +1,6 @@
-"""Layers shared by the drafters: RMSNorm, rotary embeddings (plain and YaRN), SwiGLU MLP.
+"""Layers shared by the drafters: RMSNorm, the output head, rotary embeddings (plain and YaRN), SwiGLU MLP.
 
-Shape legend: B batch, S sequence, D model width, h heads, d head width.
+Shape legend: B batch, S sequence, D model width, h heads, d head width, n rows, V output vocabulary.
 """
 
 import math
@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from kernels import HeadLossOut, Target, head_loss, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -19,9 +21,52 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * x32).to(x.dtype)
+        # Under torch.compile the reference is traced and fused by inductor; eager runs dispatch (`kernels`).
+        return rms_norm(x, self.weight, self.eps, mode="reference" if torch.compiler.is_compiling() else None)
+
+
+def multi_rms_norm(norms: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    """`cat([norm_i(chunk_i(x))])` `[..., n*H]` in one pass: EAGLE-3.1 / DSpark's per-tap `fc_norm`."""
+    weight_nH = torch.stack([norm.weight for norm in norms])
+    mode = "reference" if torch.compiler.is_compiling() else None
+    return rms_norm(x, weight_nH, norms[0].eps, mode=mode)
+
+
+@dataclass(frozen=True)
+class HeadLossCall:
+    """Keyword arguments of `kernels.head_loss` besides the rows and the weight. A dataclass, not a dict, so
+    that FSDP's forward-input cast leaves the fp32 row weights alone (see `kernels.head_loss.head_loss`)."""
+
+    target: Target | None = None
+    labels: torch.Tensor | None = None
+    w_soft: torch.Tensor | None = None
+    w_ce: torch.Tensor | None = None
+    w_l1: torch.Tensor | None = None
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+class OutputHead(nn.Linear):
+    """The lm_head (`Linear(D, V, bias=False)`, same weights and keys) that can also compute the fused head
+    loss without materialising `[n, V]` logits. FSDP registers `fused_loss` (the head is its own unit), so the
+    weight is gathered for it as for `forward`."""
+
+    fsdp_forward_methods = ("fused_loss",)
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def fused_loss(self, x_nD: torch.Tensor, call: HeadLossCall) -> HeadLossOut:
+        """`kernels.head_loss(x, self.weight, ...)` on rows `[n, D]` (already through the final norm)."""
+        return head_loss(
+            x_nD,
+            self.weight,
+            target=call.target,
+            labels=call.labels,
+            w_soft=call.w_soft,
+            w_ce=call.w_ce,
+            w_l1=call.w_l1,
+            extra=call.extra,
+        )
 
 
 class SwiGLU(nn.Module):

@@ -7,6 +7,7 @@ import functools
 
 import torch
 
+import kernels
 from drafters import families, vocab
 from drafters.dflash import decode, export
 from drafters.dflash.loss import dflash_objective
@@ -105,12 +106,17 @@ def generate(
     return decode.speculative_generate(target, drafter, taps, prompt_S, max_new=max_new, eos=eos, **how)
 
 
+def proposer(drafter: DFlashDrafter, g: int) -> decode.BlockProposer:
+    """One row's drafting state for `drafters.speculative_batch` (its block decides g)."""
+    return decode.BlockProposer(drafter)
+
+
 def code_modules() -> list:
     """Modules whose source decides what training and decoding produce (cache keys)."""
     import drafters.dflash as pkg
     from drafters import anchors, layers, masks, mla
 
-    return [anchors, layers, masks, mla, vocab, *package_modules(pkg)]
+    return [anchors, layers, masks, mla, vocab, *package_modules(pkg), *kernels.source_modules()]
 
 
 def package_modules(pkg) -> list:

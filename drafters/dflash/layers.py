@@ -14,6 +14,7 @@ from torch import nn
 from drafters.dflash.spec import DFlashSpec
 from drafters.layers import RMSNorm, RopeScaling, apply_rope, rope_tables
 from drafters.mla import MLASpec, MLAttention
+from kernels import dyn_conv
 
 
 def _positions_BS(positions: torch.Tensor, B: int) -> torch.Tensor:
@@ -131,15 +132,9 @@ class GroupedConv(nn.Module):
         nn.init.zeros_(self.kernel_projection.weight)
 
     def _convolve(self, x_BQH: torch.Tensor, delta_BQTG: torch.Tensor, side: int) -> torch.Tensor:
-        B, Q, H = x_BQH.shape
-        x = x_BQH.view(B, Q, self.num_groups, self.group_size)
-        coef = self.base_kernel[side].view(1, 1, self.taps, self.num_groups, self.group_size) + delta_BQTG[..., None]
-        pos = torch.arange(Q, device=x_BQH.device) % self.block_size
-        out = coef[:, :, 0] * x
-        for j in range(1, self.taps):
-            shifted = nn.functional.pad(x[:, :-j], (0, 0, 0, 0, j, 0))
-            out = out + coef[:, :, j] * shifted * (pos >= j).view(1, Q, 1, 1)
-        return out.reshape(B, Q, H)
+        # `kernels.dyn_conv`: the Triton kernel on CUDA; under torch.compile the traced reference.
+        mode = "reference" if torch.compiler.is_compiling() else None
+        return dyn_conv(x_BQH, self.base_kernel[side], delta_BQTG, self.block_size, mode=mode)
 
     def prepare(self, x_BQH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, Q, _ = x_BQH.shape

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from drafters.anchors import uniform_anchors
+from drafters.layers import HeadLossCall
 from drafters.objective import StepLoss
 from drafters.vocab import target_to_draft
 
@@ -54,15 +55,25 @@ def slot_weights(block: int, gamma: float, predict_anchor: bool) -> torch.Tensor
 
 def slot_ce(logits_nV: torch.Tensor, labels_n: torch.Tensor, slot_n: torch.Tensor, weights_K: torch.Tensor) -> StepLoss:
     """`StepLoss` over valid rows: per-slot mean CE, argmax accuracy and count; total = weighted mean."""
-    K = weights_K.numel()
     ce = nn.functional.cross_entropy(logits_nV.float(), labels_n, reduction="none")
     hit = (logits_nV.argmax(-1) == labels_n).float()
-    count = torch.zeros(K, device=ce.device).index_add_(0, slot_n, torch.ones_like(ce))
-    denom = count.clamp(min=1)
-    step_loss = torch.zeros(K, device=ce.device).index_add_(0, slot_n, ce) / denom
-    step_acc = torch.zeros(K, device=ce.device).index_add_(0, slot_n, hit) / denom
     w = weights_K.to(ce.device)[slot_n]
     total = (w * ce).sum() / w.sum().clamp(min=1e-12)
+    return _slot_stats(total, ce, hit, slot_n, weights_K.numel())
+
+
+def slot_ce_fused(model, h_nH: torch.Tensor, labels_n: torch.Tensor, slot_n: torch.Tensor, weights_K: torch.Tensor):
+    """`slot_ce(model.logits(h_nH), ...)` by the fused head loss (`kernels.head_loss`; no `[n, V]` logits)."""
+    w = weights_K.float().to(h_nH.device)[slot_n]
+    out = model.lm_head.fused_loss(h_nH, HeadLossCall(labels=labels_n, w_ce=w / w.sum().clamp(min=1e-12)))
+    return _slot_stats(out.loss, out.ce, out.hit.float(), slot_n, weights_K.numel())
+
+
+def _slot_stats(total: torch.Tensor, ce_n: torch.Tensor, hit_n: torch.Tensor, slot_n: torch.Tensor, K: int):
+    count = torch.zeros(K, device=ce_n.device).index_add_(0, slot_n, torch.ones_like(ce_n))
+    denom = count.clamp(min=1)
+    step_loss = torch.zeros(K, device=ce_n.device).index_add_(0, slot_n, ce_n) / denom
+    step_acc = torch.zeros(K, device=ce_n.device).index_add_(0, slot_n, hit_n) / denom
     return StepLoss(total=total, step_loss=step_loss, step_acc=step_acc, step_count=count.long())
 
 
@@ -117,10 +128,13 @@ def dflash_objective(
     labels, valid = slot_labels(ids, mask, anchors, keep, block, spec.predict_anchor)
     out_labels, out_valid = _to_output_vocab(labels, valid, getattr(model, "t2d", None))
     b, n, k = out_valid.nonzero(as_tuple=True)
-    logits = model.logits(h[b, n, k])
     weights = slot_weights(block, gamma, spec.predict_anchor)
-    loss = slot_ce(logits, out_labels[b, n, k], k, weights)
-    if spec.selector_rank and selector_alpha:
+    if not (spec.selector_rank and selector_alpha):
+        loss = slot_ce_fused(model, h[b, n, k], out_labels[b, n, k], k, weights)
+    else:
+        # The selector re-ranks the unary top-K, so it needs the `[n, V]` logits themselves.
+        logits = model.logits(h[b, n, k])
+        loss = slot_ce(logits, out_labels[b, n, k], k, weights)
         # Teacher forcing: a slot's predecessor is the token just before its label (the anchor for the first slot).
         pred = ids[b, anchors[b, n] + k - spec.first_slot]
         sel = selector_loss(model.candidate_selector, logits, h[b, n, k], pred, labels[b, n, k])

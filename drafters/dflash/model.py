@@ -17,7 +17,7 @@ from drafters.dflash.block_masks import decode_mask, train_mask
 from drafters.dflash.layers import DFlashGQA, DFlashMLA, GroupedConv
 from drafters.dflash.selector import CandidateSelector
 from drafters.dflash.spec import DFlashSpec
-from drafters.layers import RMSNorm, SwiGLU
+from drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -78,7 +78,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(H, spec.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(H, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(H, spec.draft_vocab_size or spec.vocab_size, bias=False)
+        self.lm_head = OutputHead(H, spec.draft_vocab_size or spec.vocab_size)
         if spec.draft_vocab_size is None:
             self.lm_head.weight.requires_grad_(False)
         else:
@@ -90,8 +90,7 @@ class DFlashDrafter(nn.Module):
     def context(self, features_BSF: torch.Tensor) -> torch.Tensor:
         """`[B, S, H]` = `fc(cat(fc_norm_i(tap_i)))`; `hidden_norm` is applied in `context_kv`, as vLLM does."""
         if self.spec.fc_norm:
-            parts = features_BSF.chunk(self.spec.num_taps, dim=-1)
-            features_BSF = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts, strict=True)], dim=-1)
+            features_BSF = multi_rms_norm(self.fc_norm, features_BSF)
         return self.fc(features_BSF)
 
     def context_kv(self, ctx_BSH: torch.Tensor, positions_BS: torch.Tensor) -> list[KV]:

@@ -51,6 +51,11 @@ def generate(
     )
 
 
+def proposer(drafter: DSparkDrafter, g: int) -> block_decode.BlockProposer:
+    """One row's drafting state for `drafters.speculative_batch`: blocks picked with the Markov bias."""
+    return block_decode.BlockProposer(drafter, decode.pick)
+
+
 def code_modules() -> list:
     import drafters.dspark as pkg
 

@@ -17,7 +17,9 @@ Ht target width, n counted rows.
 import torch
 import torch.nn.functional as F
 
+from drafters.layers import HeadLossCall
 from drafters.objective import StepLoss
+from kernels import Target
 
 DEFAULT_MIX = (0.1, 0.9, 1.0)
 
@@ -84,6 +86,53 @@ def dspark_rows(
         total=total,
         step_loss=_per_slot(row_loss, slot_n, count),
         step_acc=_per_slot(hit, slot_n, count),
+        step_count=count,
+    )
+
+
+def dspark_rows_fused(
+    model,
+    h_nH: torch.Tensor,
+    prev_ids_n: torch.Tensor,
+    target: Target,
+    labels_n: torch.Tensor,
+    slot_n: torch.Tensor,
+    weights_K: torch.Tensor,
+    mix: tuple[float, float, float] = DEFAULT_MIX,
+) -> StepLoss:
+    """`dspark_rows(*model.heads(h_nH, prev_ids_n)[:2], target_logp, ...)` by the fused head loss
+    (`kernels.head_loss`): the Markov bias `W2 @ W1[prev]` joins the lm_head as an extra low-rank term, so
+    neither the draft nor the target `[n, Vout]` logits exist at once.
+
+    Args:
+        model: a `DSparkDrafter` (its `lm_head`, `markov_head` and optional `confidence_head`).
+        h_nH: backbone outputs after the final norm `[n, H]`; prev_ids_n: previous tokens (target ids) `[n]`.
+        target: the target distribution over the output vocabulary for the same rows.
+        labels_n, slot_n, weights_K, mix: as `dspark_rows`.
+    """
+    emb = model.markov_head.embed(prev_ids_n)
+    if model.spec.enable_confidence_head:
+        conf = model.confidence_head(h_nH, emb)
+    else:
+        conf = torch.zeros(h_nH.shape[:-1], dtype=torch.float32, device=h_nH.device)
+    w = weights_K.float().to(h_nH.device)[slot_n]
+    share = w / w.sum().clamp(min=torch.finfo(w.dtype).tiny)
+    call = HeadLossCall(
+        target=target,
+        labels=labels_n,
+        w_ce=mix[0] * share,
+        w_l1=mix[1] * share,
+        extra=(emb, model.markov_head.markov_w2.weight),
+    )
+    out = model.lm_head.fused_loss(h_nH, call)
+    accept = (1.0 - 0.5 * out.l1).clamp(0.0, 1.0)
+    bce = F.binary_cross_entropy_with_logits(conf.float(), accept, reduction="none")
+    count = torch.bincount(slot_n, minlength=weights_K.numel())
+    row_loss = (mix[0] * out.ce + mix[1] * out.l1 + mix[2] * bce).detach()
+    return StepLoss(
+        total=out.loss + mix[2] * _weighted_mean(bce, w),
+        step_loss=_per_slot(row_loss, slot_n, count),
+        step_acc=_per_slot(out.hit.float(), slot_n, count),
         step_count=count,
     )
 

@@ -18,9 +18,10 @@ from drafters.dflash.loss import slot_labels, slot_weights
 from drafters.dflash.model import DFlashDrafter
 from drafters.dflash.spec import DFlashSpec
 from drafters.dspark.heads import ConfidenceHead, MarkovHead
-from drafters.dspark.loss import DEFAULT_MIX, dspark_rows, target_logp
+from drafters.dspark.loss import DEFAULT_MIX, dspark_rows_fused
 from drafters.objective import StepLoss
 from drafters.vocab import draft_ids, target_to_draft
+from kernels import Target
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,11 @@ def dspark_objective(
     labels, valid = output_labels(model, labels, valid)
     b, n, k = valid.nonzero(as_tuple=True)
     pos = anchors[b, n] + k  # position of each counted slot's previous token (= label position - 1)
-    logits, conf, _ = model.heads(h[b, n, k], ids[b, pos])
     kept_ids = None if spec.draft_vocab_size is None else draft_ids(model.d2t)
-    tlogp = target_logp(target_head_VH.to(h.device), batch["last_hidden"][b, pos].to(h.device), kept_ids)
+    head = target_head_VH.to(h.device)
+    target = Target(hidden=batch["last_hidden"][b, pos].to(h.device), head=head if kept_ids is None else head[kept_ids])
     if not spec.enable_confidence_head:
         mix = (mix[0], mix[1], 0.0)
-    return dspark_rows(logits, conf, tlogp, labels[b, n, k], k, slot_weights(K, gamma, True), mix)
+    return dspark_rows_fused(
+        model, h[b, n, k], ids[b, pos], target, labels[b, n, k], k, slot_weights(K, gamma, True), mix
+    )

@@ -5,6 +5,7 @@ Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht 
 
 import torch
 
+import kernels
 from drafters import anchors, families, vocab
 from drafters.eagle3 import anchored, decode, export, loss
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
@@ -75,10 +76,8 @@ def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, g
             return anchored.anchored_loss(
                 model, hidden, anchor_BN, keep_BN, batch["last_hidden"], draft_head, mask, cfg.depth_decay
             )
-        with torch.no_grad():
-            target_logp = (batch["last_hidden"][mask] @ draft_head.T).log_softmax(-1)
         hidden = model.ttt_hidden(ids, feats, cfg.ttt_depth)
-        return loss.ttt_loss(model.logits, hidden, target_logp, mask, cfg.depth_decay)
+        return loss.ttt_loss_fused(model, hidden, batch["last_hidden"][mask], draft_head, mask, cfg.depth_decay)
 
     return run
 
@@ -89,6 +88,11 @@ def generate(
     """A chain of `g` drafts per round; `how`: sampling, rule, generator (see `drafters.speculative`)."""
     how.pop("truncate", None)  # a chain has no confidences to truncate by
     return decode.speculative_generate(target, drafter, taps, prompt_S, g=g, max_new=max_new, eos=eos, **how)
+
+
+def proposer(drafter: Eagle3Drafter, g: int) -> decode.EagleProposer:
+    """One row's drafting state for `drafters.speculative_batch` (a chain of `g`)."""
+    return decode.EagleProposer(drafter, g)
 
 
 def checkpoint_blobs(model: Eagle3Drafter, taps: list[int], metadata: dict) -> dict[str, bytes]:
@@ -105,4 +109,5 @@ def code_modules() -> list:
     from drafters.eagle3 import attention
     from drafters.eagle3 import model as eagle3_model
 
-    return [anchors, anchored, decode, export, loss, eagle3_model, attention, vocab, layers, masks, mla]
+    modules = [anchors, anchored, decode, export, loss, eagle3_model, attention, vocab, layers, masks, mla]
+    return [*modules, *kernels.source_modules()]

@@ -6,6 +6,8 @@ and the target's argmax at p is in the draft vocabulary (otherwise no draft coul
 Total = sum_k decay**k * L_k, each L_k a mean over its counted positions.
 
 Only counted positions reach the lm_head: padding and prompt tokens never pay for the `[*, Vd]` logits.
+`ttt_loss_fused` computes the same through `kernels.head_loss` (the Triton kernel on CUDA), which never holds
+all `[n, Vd]` logits of the drafter or of the target at once.
 
 Shape legend: B batch, S sequence, H drafter width, Vd draft vocabulary, n counted target positions.
 """
@@ -14,8 +16,10 @@ from collections.abc import Callable
 
 import torch
 
-from drafters.eagle3.model import shift_left
+from drafters.eagle3.model import Eagle3Drafter, shift_left
+from drafters.layers import HeadLossCall
 from drafters.objective import StepLoss, simulated_acc_len
+from kernels import Target
 
 # EAGLE-3 reports the common per-slot step figures (a slot is a TTT depth here).
 TTTLoss = StepLoss
@@ -51,6 +55,37 @@ def ttt_loss(
     return combine(terms, decay)
 
 
+def ttt_loss_fused(
+    model: Eagle3Drafter,
+    step_hidden: list[torch.Tensor],
+    last_hidden_nHt: torch.Tensor,
+    draft_head_VdHt: torch.Tensor,
+    mask_BS: torch.Tensor,
+    decay: float,
+) -> TTTLoss:
+    """`ttt_loss` by the fused head loss: the target distribution at the counted positions is
+    `softmax(last_hidden_nHt @ draft_head_VdHt.T)`, made a chunk of rows at a time.
+
+    Args:
+        model: the drafter (its `norm` and `lm_head`, an `OutputHead`).
+        step_hidden: per depth, the drafter's output `[B, S, H]`.
+        last_hidden_nHt: the target's post-norm last hidden state at `mask_BS.nonzero()` (row-major) `[n, Ht]`.
+        draft_head_VdHt: the target's lm_head rows of the draft vocabulary `[Vd, Ht]`.
+        mask_BS, decay: as `ttt_loss`.
+    """
+    b, p = mask_BS.nonzero(as_tuple=True)
+    terms = []
+    for k, hidden in enumerate(step_hidden):
+        keep = p >= 1 + k
+        rows = model.norm(hidden[b[keep], p[keep] - 1 - k])
+        n = rows.shape[0]
+        mean = torch.full((n,), 1.0 / max(n, 1), device=rows.device)
+        target = Target(hidden=last_hidden_nHt[keep], head=draft_head_VdHt)
+        out = model.lm_head.fused_loss(rows, HeadLossCall(target=target, w_soft=mean))
+        terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n)))
+    return combine(terms, decay)
+
+
 def depth_term(logits_nVd: torch.Tensor, target_logp_nVd: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """One depth's soft cross-entropy mean, argmax accuracy and count over its n counted positions."""
     n = torch.tensor(logits_nVd.shape[0])
@@ -72,4 +107,4 @@ def combine(terms: list[tuple[torch.Tensor, ...]], decay: float) -> TTTLoss:
     )
 
 
-__all__ = ["TTTLoss", "combine", "depth_term", "position_mask", "simulated_acc_len", "ttt_loss"]
+__all__ = ["TTTLoss", "combine", "depth_term", "position_mask", "simulated_acc_len", "ttt_loss", "ttt_loss_fused"]

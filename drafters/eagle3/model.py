@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from drafters.eagle3.attention import check_attention, make_attention
-from drafters.layers import RMSNorm, SwiGLU
+from drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
 
 
 @dataclass(frozen=True)
@@ -84,15 +84,14 @@ class Eagle3Drafter(nn.Module):
         self.fc = nn.Linear(spec.num_taps * spec.target_hidden_size, spec.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(spec)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False)
+        self.lm_head = OutputHead(spec.hidden_size, spec.draft_vocab_size)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(spec.vocab_size, dtype=torch.bool))
 
     def fuse(self, taps_BSNHt: torch.Tensor) -> torch.Tensor:
         """`fc(cat(taps))` `[B, S, H]` from features `[B, S, N*Ht]`."""
         if self.spec.fc_norm:
-            parts = taps_BSNHt.chunk(self.spec.num_taps, dim=-1)
-            taps_BSNHt = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts, strict=True)], dim=-1)
+            taps_BSNHt = multi_rms_norm(self.fc_norm, taps_BSNHt)
         return self.fc(taps_BSNHt)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+import kernels
 from drafters import families
 from drafters.training import fsdp, run
 from drafters.training.checkpoint import Checkpoints
@@ -69,6 +70,7 @@ class Built:
 def build(job: TrainJob, d: fsdp.Dist) -> Built:
     """Meta layout everywhere, real weights on rank 0 only, shards filled by broadcast."""
     cfg = TrainConfig.model_validate(job.train)
+    kernels.set_mode(cfg.kernels)
     drafter_cfg = parse_drafter(job.drafter)
     target = TargetConfig.model_validate(job.target)
     family = families.family(drafter_cfg.kind)

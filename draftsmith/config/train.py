@@ -89,6 +89,11 @@ class TrainConfig(StrictModel):
         description="Fail the run after this many optimizer steps in a row with a non-finite loss or gradient.",
     )
     compile: bool = Field(False, description="`torch.compile` each drafter layer.")
+    kernels: Literal["auto", "reference"] = Field(
+        "auto",
+        description="Hot-spot kernels (`kernels/`: fused head loss, RMSNorm, DFlash2 conv): `auto` runs the Triton "
+        "kernels on CUDA and the PyTorch reference elsewhere; `reference` runs the reference everywhere.",
+    )
     threads: int | None = Field(
         None, ge=1, description="torch threads per rank; default `resources.cpus // distributed.nproc_per_node`."
     )

@@ -1,0 +1,81 @@
+"""Fused output head + distillation loss: `x @ W.T` -> softmax -> loss terms, never all `[T, V]` at once.
+
+Shape legend: T rows, D drafter width, V output vocabulary, r extra (Markov) rank.
+"""
+
+import torch
+
+from kernels import dispatch
+from kernels.head_loss.reference import head_loss_reference
+from kernels.head_loss.spec import HeadLossOut, Target, row_weights
+
+# fp32 elements of one chunk's `[C, V]` buffer (256 MiB): C = budget // V rows per chunk.
+DEFAULT_BUDGET = 1 << 26
+
+
+def chunk_rows_for(V: int, budget: int = DEFAULT_BUDGET) -> int:
+    return max(1, budget // max(V, 1))
+
+
+def _check(x_TD, weight_VD, labels_T, extra) -> None:
+    if x_TD.dim() != 2 or weight_VD.dim() != 2 or x_TD.shape[1] != weight_VD.shape[1]:
+        raise ValueError(f"head_loss: x {tuple(x_TD.shape)} and weight {tuple(weight_VD.shape)} are not [T, D], [V, D]")
+    if labels_T is not None and labels_T.shape != (x_TD.shape[0],):
+        raise ValueError(f"head_loss.labels: shape {tuple(labels_T.shape)}, expected ({x_TD.shape[0]},)")
+    if extra is not None:
+        ex, ew = extra
+        if ex.shape[0] != x_TD.shape[0] or ew.shape[0] != weight_VD.shape[0] or ex.shape[1] != ew.shape[1]:
+            raise ValueError(
+                f"head_loss.extra: x2 {tuple(ex.shape)} and W2 {tuple(ew.shape)} are not [T, r], [V, r] "
+                f"for T={x_TD.shape[0]}, V={weight_VD.shape[0]}"
+            )
+
+
+def head_loss(
+    x_TD: torch.Tensor,
+    weight_VD: torch.Tensor,
+    *,
+    target: Target | None = None,
+    labels: torch.Tensor | None = None,
+    w_soft: torch.Tensor | None = None,
+    w_ce: torch.Tensor | None = None,
+    w_l1: torch.Tensor | None = None,
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+    chunk_rows: int | None = None,
+    block_v: int | None = None,
+    mode: str | None = None,
+) -> HeadLossOut:
+    """The weighted head loss `sum_t w_soft*soft_ce + w_ce*ce + w_l1*l1` over draft logits
+    `z = x @ W.T (+ x2 @ W2.T)`, with per-row terms and accuracies (`HeadLossOut`).
+
+    Args:
+        x_TD: drafter rows after the final norm `[T, D]`.
+        weight_VD: the (pruned) lm_head weight `[V, D]`.
+        target: the target distribution `Target` (needed for soft CE, L1 and `acc`).
+        labels: gold ids `[T]` in `[0, V)` (needed for CE and `hit`).
+        w_soft, w_ce, w_l1: per-row weights `[T]` of soft CE (forward KL up to the target's entropy), CE and
+            L1; L1 is computed only when `w_l1` is given.
+        extra: `(x2 [T, r], W2 [V, r])` added to the logits (DSpark's Markov bias), differentiable too.
+        chunk_rows: rows per chunk (default: a 256 MiB fp32 `[C, V]` buffer); block_v: kernel tile width.
+        mode: `auto` / `reference` / `triton` (default: the process mode, `kernels.dispatch`).
+    """
+    _check(x_TD, weight_VD, labels, extra)
+    T, V = x_TD.shape[0], weight_VD.shape[0]
+    if target is not None:
+        target.check(T, V)
+    x_TD = x_TD.to(weight_VD.dtype)
+    w3 = row_weights(T, x_TD.device, w_soft, w_ce, w_l1)
+    need_l1 = w_l1 is not None
+    ex, ew = extra if extra is not None else (None, None)
+    if ex is not None:
+        ex = ex.to(ew.dtype)
+    rows = chunk_rows or chunk_rows_for(V)
+    if dispatch.choose("head_loss", x_TD.device, mode) == "reference":
+        return head_loss_reference(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows)
+    from kernels.head_loss.function import head_loss_triton
+
+    bv = block_v or min(1024, max(16, 1 << (V - 1).bit_length()))
+    return head_loss_triton(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows, bv)
+
+
+__all__ = ["HeadLossOut", "Target", "head_loss", "head_loss_reference"]
