@@ -14,7 +14,7 @@ from tasks.hidden_states import finished_tokens, hidden_states_task
 from tasks.hidden_stream import stream_hidden_states_task
 
 
-@flow(name="hidden-states", flow_run_name="{config.name}-hidden-states", log_prints=True, validate_parameters=True)
+@flow(name="hidden-states", flow_run_name="hidden-states[{config.name}]", log_prints=True, validate_parameters=True)
 def hidden_states_flow(
     config: PipelineConfig, run_dir: str | None = None, tokens: StageManifest | None = None
 ) -> StageManifest | None:

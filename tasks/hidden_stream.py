@@ -22,9 +22,11 @@ from pathlib import Path
 
 from prefect import task
 
+from draftsmith import ui
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import StageManifest
 from draftsmith.pools import gpu_slots
+from draftsmith.progress import Progress, prefect_sink
 from engines import hidden_capture
 from tasks.hidden_states import codec_of, token_samples, window_tokens
 from transport.mooncake_store import MooncakeMaster, MooncakeSettings, stop_process
@@ -57,16 +59,22 @@ def produce(spec: ProducerSpec) -> int:
     settings = MooncakeSettings(**spec.settings)
     engine = hidden_capture.make_capture(cfg, target)
     n = 0
+    name = f"{spec.run_id}-p{spec.index}"
+    # A producer process started by the trainer has no Prefect run: its progress is a no-op there.
+    share = len(range(spec.index, tokens.counts.get("samples", 0), spec.count))
+    sink = prefect_sink(ui.artifact_key(name, "stream-progress"), f"hidden states streamed by producer {spec.index}")
+    progress = Progress(spec.epochs * share, sink)
     try:
-        name = f"{spec.run_id}-p{spec.index}"
         with MooncakeProducer(settings, spec.queue, codec_of(cfg), spec.run_id, producer_id=name) as producer:
             for _ in range(spec.epochs):
                 mine = (s for i, s in enumerate(token_samples(tokens)) if i % spec.count == spec.index)
                 for sample in hidden_capture.capture_stream(engine, mine, window_tokens(cfg)):
                     producer.put(sample)
                     n += 1
+                    progress.advance()
     finally:
         engine.close()
+    progress.finish()
     return n
 
 
@@ -187,7 +195,7 @@ def produce_external(
     return produce(spec)
 
 
-@task(name="stream-hidden-states")
+@task(name="stream-hidden-states", task_run_name="stream-hidden-states[{run_id}]")
 def stream_hidden_states_task(
     cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest, epochs: int, run_id: str
 ) -> int:

@@ -28,6 +28,7 @@ from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import RegenerateConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.progress import Progress, stage_progress
 from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
 from draftsmith.target_setup import resolve_target
@@ -211,17 +212,19 @@ def provenance(cfg: RegenerateConfig, target: TargetConfig, engine: TargetEngine
 
 
 def _generate(
-    engine: TargetEngine, cfg: RegenerateConfig, uri: str, records: list[PromptRecord], seed: int
+    engine: TargetEngine, cfg: RegenerateConfig, uri: str, records: list[PromptRecord], seed: int, progress: Progress
 ) -> list[_Chunk]:
-    """Commit chunks until every prompt id is answered; the chunks in index order."""
+    """Commit chunks until every prompt id is answered; the chunks in index order. `progress` counts prompts."""
     chunks = _committed(uri)
     done = {pid for c in chunks for pid in c.prompt_ids}
     pending = [r for r in records if r.id not in done]
     if chunks:
         log.info("regenerate: resuming; %d of %d prompts already committed", len(records) - len(pending), len(records))
+    progress.update(len(records) - len(pending))
     index = max((c.index for c in chunks), default=-1) + 1
     for start in range(0, len(pending), cfg.shard_size):
         chunks.append(_run_chunk(engine, cfg, uri, index, pending[start : start + cfg.shard_size], seed))
+        progress.advance(len(chunks[-1].prompt_ids))
         log.info(
             "regenerate: chunk %d committed (%d/%d prompts)",
             index,
@@ -261,14 +264,15 @@ def regenerate(
 
     def compute(uri: str) -> StageResult:
         records = read_prompts(prompts, "train")
-        eng = engine if engine is not None else factory.make_engine(cfg, target)
-        try:
-            info = provenance(cfg, target, eng, seed)  # before any work: an unknown template fails fast
-            chunks = _generate(eng, cfg, uri, records, seed)
-        finally:
-            if engine is None:
-                eng.close()
-        return _finish(cfg, uri, chunks, len(records), info)
+        with stage_progress(STAGE, uri, len(records), "regenerate: training prompts answered") as progress:
+            eng = engine if engine is not None else factory.make_engine(cfg, target)
+            try:
+                info = provenance(cfg, target, eng, seed)  # before any work: an unknown template fails fast
+                chunks = _generate(eng, cfg, uri, records, seed, progress)
+            finally:
+                if engine is None:
+                    eng.close()
+            return _finish(cfg, uri, chunks, len(records), info)
 
     return run_stage(STAGE, out_uri, key, compute)
 

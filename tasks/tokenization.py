@@ -23,6 +23,7 @@ from draftsmith import storage, tensorio
 from draftsmith.caching import stage_task
 from draftsmith.config import TargetConfig, TokenizeConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.progress import Progress, stage_progress
 from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
 from draftsmith.target_setup import resolve_target
@@ -179,8 +180,9 @@ def _jobs(plan: _Plan, sources: list[tuple[str, str]], hits: dict[int, tuple], k
 
 
 def _run_jobs(
-    plan: _Plan, sources: list[tuple[str, str]], pool: Any, uri: str
+    plan: _Plan, sources: list[tuple[str, str]], pool: Any, uri: str, progress: Progress
 ) -> tuple[list[FileEntry], dict, Rejects]:
+    """Tokenize every source into its shard; `progress` counts finished sources."""
     hits: dict[int, tuple] = {}
     keys: dict[int, str] = {}
     jobs = _jobs(plan, sources, hits, keys)
@@ -215,6 +217,7 @@ def _run_jobs(
                 raw=r["excerpt"],
             )
         log.info("tokenize: %s: %d rows (%s)", sources[s][0], summary["rows"], "cached" if cached else "tokenized")
+        progress.advance()
     return files, totals, rejects
 
 
@@ -260,9 +263,11 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
             },
             cfg.chunk_size,
         )
-        files, counts, rejects = _run_jobs(plan, sources, pool, uri)
+        progress = stage_progress(STAGE, uri, len(sources), "tokenize: source shards tokenized")
+        files, counts, rejects = _run_jobs(plan, sources, pool, uri, progress)
         files.append(rejects.write(uri))
         rejects.check(counts["rows"], cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
+        progress.finish()
         info = {
             "renderer": cfg.renderer,
             "chat_template_sha256": template,

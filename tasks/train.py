@@ -4,23 +4,33 @@ The task writes a job spec into the stage folder, runs `torchrun ... -m drafters
 recipe's nodes, ranks and rendezvous (`engines.torchrun` streams every rank's log into this task's log and
 fails with the failing rank's traceback), and turns the `result.json` rank 0 wrote into the manifest. A
 retried or re-run task with the same inputs resumes from the newest checkpoint in `<stage>/checkpoints`.
+
+Progress (optimizer steps) is read in this process: the step count and resume point from rank 0's start
+line, the current step from its `train step N |` lines and, when the stage folder is local, from the last
+record of `metrics.jsonl`, which rank 0 appends every step.
 """
 
+import json
 import logging
+import re
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import MissingContextError
 
 from drafters import data, families
 from drafters.training import checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker
-from draftsmith import storage, tensorio
+from draftsmith import storage, tensorio, ui
 from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
 from draftsmith.manifest import FileEntry, StageManifest
+from draftsmith.progress import MIN_INTERVAL_S, Progress, stage_progress
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import torchrun
 from tasks import hidden_stream
@@ -39,6 +49,11 @@ def loss_token_counts(tokens: StageManifest, vocab_size: int) -> torch.Tensor:
     return counts
 
 
+# What drafters/training prints (worker.main's start line, MetricsSink.write's step line), after torchrun's prefix.
+_START_LINE = re.compile(r"train: rank 0 of \d+, (\d+) steps, resuming at step (\d+)")
+_STEP_LINE = re.compile(r"train step (\d+) \|")
+
+
 def _logger() -> logging.Logger | logging.LoggerAdapter:
     try:
         return get_run_logger()
@@ -46,8 +61,76 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("draftsmith.train")
 
 
-def launch(job: worker.TrainJob, cfg: TrainConfig, spec_path: str) -> None:
-    """Run the job on the recipe's torchrun layout (this node's share of it)."""
+class StepProgress(logging.LoggerAdapter):
+    """The launcher's logger that also reads the trainer's step count and current step from the lines it logs."""
+
+    def __init__(self, logger: logging.Logger | logging.LoggerAdapter, progress: Progress, max_steps: int | None):
+        super().__init__(logger, {})
+        self.progress = progress
+        self.max_steps = max_steps
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        try:
+            line = str(msg) % args if args else str(msg)
+        except (TypeError, ValueError):  # logging reports its own formatting errors; reading must not raise
+            line = str(msg)
+        self.observe(line)
+        self.logger.log(level, msg, *args, **kwargs)  # type: ignore[arg-type]
+
+    def observe(self, line: str) -> None:
+        if start := _START_LINE.search(line):
+            total = int(start[1])
+            self.progress.set_total(min(total, self.max_steps) if self.max_steps else total)
+            self.progress.update(int(start[2]))
+        elif step := _STEP_LINE.search(line):
+            self.at_step(int(step[1]))
+
+    def at_step(self, step: int) -> None:
+        if step > self.progress.done:
+            self.progress.update(step)
+
+
+def last_step(path: Path) -> int | None:
+    """The `step` of the last complete record of a metrics.jsonl being appended to (None: none yet)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 65536))
+            tail = fh.read()
+    except FileNotFoundError:
+        return None
+    complete = tail[: tail.rfind(b"\n") + 1].splitlines()
+    for raw in reversed(complete):
+        try:
+            return int(json.loads(raw)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # the first line of the tail window may be cut
+    return None
+
+
+@contextmanager
+def watching_metrics(path: Path | None, tracker: StepProgress, every_s: float = MIN_INTERVAL_S) -> Iterator[None]:
+    """While inside, read the step of `path`'s last record every `every_s` into `tracker` (no-op for None)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(every_s):
+            # Before the start line, the file may still hold records of a run this one resumes and truncates.
+            if tracker.progress.total is not None and (step := last_step(path)) is not None:  # type: ignore[arg-type]
+                tracker.at_step(step)
+
+    thread = threading.Thread(target=watch, name="train-progress", daemon=True) if path is not None else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+
+
+def launch(job: worker.TrainJob, cfg: TrainConfig, spec_path: str, log: logging.Logger | logging.LoggerAdapter) -> None:
+    """Run the job on the recipe's torchrun layout (this node's share of it), logging its lines to `log`."""
     d = cfg.distributed
     spec = torchrun.TorchrunSpec(
         module="drafters.training.worker",
@@ -59,7 +142,7 @@ def launch(job: worker.TrainJob, cfg: TrainConfig, spec_path: str) -> None:
         rdzv_id=f"draftsmith-{job.key[:12]}",
         share_files=(spec_path,),
     )
-    torchrun.run_torchrun(spec, log=_logger())
+    torchrun.run_torchrun(spec, log=log)
 
 
 def train(
@@ -109,7 +192,12 @@ def train(
             spec_path = storage.local_path(storage.join(f"/tmp/draftsmith-train/{key[:16]}", "spec.json"))
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         job.write(str(spec_path))
-        launch(job, cfg, str(spec_path))
+        with stage_progress(STAGE, uri, None, "train: optimizer steps") as progress:
+            tracker = StepProgress(_logger(), progress, max_steps)
+            # A remote stage folder's metrics.jsonl is a local copy uploaded at checkpoints: the lines tell.
+            metrics = storage.local_path(storage.join(uri, "metrics.jsonl")) if storage.is_local(uri) else None
+            with watching_metrics(metrics, tracker):
+                launch(job, cfg, str(spec_path), tracker)
         result = storage.read_json(storage.join(uri, "result.json"))
         _artifact(result["summary_markdown"], key)
         storage.remove_tree(job.checkpoint_uri)  # the consolidated export is the product; shards were for resume
@@ -121,7 +209,7 @@ def train(
 
 def _artifact(markdown: str, key: str) -> None:
     """The training summary in the Prefect UI; outside a run (tests, benchmarks) there is no UI to show it in."""
-    if FlowRunContext.get() is not None or TaskRunContext.get() is not None:
+    if ui.in_prefect_run():
         create_markdown_artifact(markdown, key=f"train-{key[:12]}", description="Drafter training metrics")
 
 
@@ -136,4 +224,8 @@ def train_task(
     seed: int,
     run_dir: str,
 ) -> StageManifest:
-    return train(cfg, drafter_cfg, target, hidden_cfg, tokens, hidden, seed=seed, out_uri=storage.join(run_dir, STAGE))
+    manifest = train(
+        cfg, drafter_cfg, target, hidden_cfg, tokens, hidden, seed=seed, out_uri=storage.join(run_dir, STAGE)
+    )
+    ui.publish_checkpoint(manifest, target_source=target.source, depth=getattr(drafter_cfg, "ttt_depth", None))
+    return manifest

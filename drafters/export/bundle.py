@@ -30,6 +30,11 @@ _MODULES = {"eagle3": "drafters.eagle3.export", "dflash": "drafters.dflash.expor
 _KIND_TO_METHOD = {"dflash2": "dflash"}
 
 
+def method_of(kind: str) -> str:
+    """The `--speculative-config` method that serves drafter family `kind`."""
+    return _KIND_TO_METHOD.get(kind, kind)
+
+
 @dataclass(frozen=True)
 class ExportResult:
     folder: str
@@ -257,7 +262,7 @@ def export_run(run_dir: str, engine: str, *, recipe: str | None = None, out: str
         raise guards.ExportError(f"{storage.join(train_dir, 'manifest.json')}: the train stage has not finished")
     trained = storage.read_json(storage.join(train_dir, CONFIG)).get("draftsmith") or {}
     kind = manifest.info.get("drafter") or trained.get("method") or cfg.drafter.kind
-    method = _KIND_TO_METHOD.get(kind, kind)
+    method = method_of(kind)
     taps = [int(t) for t in trained.get("taps") or []]
     store = _store_info(run_dir)
     if store and list(store.get("taps", [])) != taps:

@@ -1,6 +1,7 @@
-"""The `kimi-k3` flow end to end on the tiny recipe, then again from cache."""
+"""The `kimi-k3` flow end to end on the tiny recipe, then again from cache; what its runs show in the Prefect UI."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -12,6 +13,9 @@ from flows.pipeline import kimi_k3
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 STAGES = ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]
+TASKS = ["select-prompts", "regenerate", "tokenize", "hidden-states", "train", "evaluate"]
+# Stages that report progress, as their artifact keys spell them.
+PROGRESS = ["regenerate", "tokenize", "hidden-states", "train"]
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +24,15 @@ def harness():
         yield
 
 
-async def _task_states(flow_run_id) -> dict[str, str]:
-    """Task states of a flow run and of its subflow runs (hidden-states is one)."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+async def _runs(flow_run_id) -> tuple[list, list, list]:
+    """`(subflow runs, task runs, artifacts)` of a flow run and of its subflow runs (hidden-states is one)."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+    )
 
     async with get_client() as client:
         children = await client.read_flow_runs(
@@ -30,7 +40,18 @@ async def _task_states(flow_run_id) -> dict[str, str]:
         )
         ids = [flow_run_id, *(c.id for c in children)]
         runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
-    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=ids))
+        )
+    # A subflow call is also a task run in its parent (`hidden-states-0`), which Prefect names itself.
+    wrappers = {c.parent_task_run_id for c in children}
+    return children, [r for r in runs if r.id not in wrappers], artifacts
+
+
+async def _task_states(flow_run_id) -> dict[str, str]:
+    """Task states by task name (runs are named `<task>[<run>]`)."""
+    _, runs, _ = await _runs(flow_run_id)
+    return {r.name.split("[", 1)[0]: r.state.name for r in runs}
 
 
 async def _artifact(key: str):
@@ -55,6 +76,7 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     report = asyncio.run(_artifact("select-report"))
     assert report is not None and report.type == "markdown"
     assert f"({manifests['select_prompts'].counts['train']} train, " in report.data, report.data
+    _check_ui(first.state_details.flow_run_id, manifests, tiny_cfg)
 
     second = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
     assert second.is_completed()
@@ -91,3 +113,27 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     assert got["train"].info["hidden_states"] == "online"
     assert got["train"].counts["samples"] == tiny_cfg.train.epochs * manifests["tokenize"].counts["samples"]
     assert storage.read_json(got["evaluate"].path("results.json"))["mismatched_outputs"] == 0
+
+
+def _check_ui(flow_run_id, manifests: dict, cfg) -> None:
+    """Run names, progress at 100 %, a summary per stage, the checkpoint link and its serving snippet."""
+    children, runs, found = asyncio.run(_runs(flow_run_id))
+    assert [c.name for c in children] == [f"hidden-states[{cfg.name}]"], [c.name for c in children]
+    assert sorted(r.name for r in runs) == sorted(f"{t}[run]" for t in TASKS), [r.name for r in runs]
+    artifacts = {a.key: a for a in found if a.key}
+    for stage in PROGRESS:
+        progress = artifacts.get(f"run-{stage}-progress")
+        assert progress is not None and progress.type == "progress", sorted(artifacts)
+        assert float(progress.data) == 100.0, (stage, progress.data)
+    for stage in TASKS:
+        summary = artifacts.get(f"run-{stage}-summary")
+        assert summary is not None and summary.type == "markdown", sorted(artifacts)
+        assert f"{len(manifests[stage.replace('-', '_')].files)} files" in summary.data, summary.data
+    regenerate = manifests["regenerate"].counts["conversations"]
+    assert f"| conversations | {regenerate} |" in artifacts["run-regenerate-summary"].data
+    checkpoint = artifacts["run-checkpoint"]
+    assert Path(manifests["train"].uri).resolve().as_uri() in checkpoint.data, checkpoint.data
+    serve = artifacts["run-serve"].data
+    assert "vllm serve " in serve and "--speculative-config" in serve, serve
+    assert f'"num_speculative_tokens": {cfg.drafter.ttt_depth}' in serve, serve
+    assert f"draftsmith export {Path(manifests['train'].uri).parent}" in serve, serve
