@@ -4,7 +4,8 @@ calibration (ECE before/after) and dynamic verification.
 
 Needs the trained runs `runs/smollm2-cpu-{eagle3,dflash2,dspark}/train` (`python -m benchmarks.drafters_acc_len`
 makes them; `make bench` runs it first). Seeds are fixed, so a rerun prints the same table to the digit.
-Usage: `python -m benchmarks.eval_table [--prompts-per-suite 2] [--max-new-tokens 48] [--only eagle3,...]`.
+Usage: `python -m benchmarks.eval_table [--prompts-per-suite 4] [--max-new-tokens 64] [--only eagle3,...]`
+(defaults: the recipes' evaluate settings, i.e. what the pipeline's evaluate stage measures).
 """
 
 import argparse
@@ -27,7 +28,8 @@ def evaluate_run(kind: str, temperature: float, top_p: float, rule: str, args) -
     ev = cfg.evaluate.model_copy(
         update={
             "temperature": temperature, "top_p": top_p, "verification": rule, "held_out": False,
-            "prompts_per_suite": args.prompts_per_suite, "max_new_tokens": args.max_new_tokens,
+            "prompts_per_suite": args.prompts_per_suite or cfg.evaluate.prompts_per_suite,
+            "max_new_tokens": args.max_new_tokens or cfg.evaluate.max_new_tokens,
         }
     )  # fmt: skip
     out = run / f"eval-table-t{temperature:g}"
@@ -40,8 +42,8 @@ def evaluate_run(kind: str, temperature: float, top_p: float, rule: str, args) -
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--prompts-per-suite", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--prompts-per-suite", type=int, help="default: the recipe's evaluate.prompts_per_suite")
+    parser.add_argument("--max-new-tokens", type=int, help="default: the recipe's evaluate.max_new_tokens")
     parser.add_argument("--only", default=",".join(KINDS))
     args = parser.parse_args(argv)
     kinds = [k for k in args.only.split(",") if k]

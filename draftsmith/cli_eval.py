@@ -37,7 +37,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma list of levels")
     p.add_argument("--requests", type=int, default=128, help="requests per level")
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
-    p.add_argument("--num-speculative-tokens", type=int, help="drafts per round (EAGLE-3 exports need it)")
+    p.add_argument("--num-speculative-tokens", type=int, help="drafts per round (EAGLE-3: evaluate.num_draft_tokens)")
     p.add_argument("--out", help="folder for sweep.json and the plot (default: <draft>/sweep)")
 
 
@@ -81,9 +81,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     target_dir = str(resolve_target(cfg.target.source))
     out = Path(args.out or Path(args.draft) / "sweep")
     out.mkdir(parents=True, exist_ok=True)
+    # A chain's depth is a serving choice vLLM needs spelled out; the recipe's evaluation depth is the default.
+    chain = cfg.evaluate.num_draft_tokens if cfg.drafter.kind == "eagle3" else None
     runs = []
     for draft in (args.draft, None):
-        run = sweep_server(target_dir, draft, sweep_cfg, num_speculative_tokens=args.num_speculative_tokens)
+        run = sweep_server(target_dir, draft, sweep_cfg, num_speculative_tokens=args.num_speculative_tokens or chain)
         runs.append(run | {"drafter": cfg.drafter.kind})
     (out / "sweep.json").write_text(json.dumps(runs, indent=2) + "\n")
     plots.throughput_vs_concurrency(runs, out / "throughput_vs_concurrency.png")

@@ -13,6 +13,7 @@ import torch
 
 from drafters.dspark import calibration as cal
 from drafters.verify import Sampling
+from draftsmith.progress import Progress
 from evals import harness, suites
 from evals.records import BenchPrompt
 
@@ -34,16 +35,27 @@ def evaluate_drafter(
     eos: set[int],
     calibration_prompts: int = 0,
     threshold: float = 0.5,
+    progress: Progress | None = None,
 ) -> tuple[dict, list[dict], cal.Calibration | None]:
-    """`(report, rows, calibration)`: report = {"benches": [...], "dynamic": [...] (DSpark), "confidence": {...}}."""
-    generate = functools.partial(family.generate, target, drafter, taps, g=settings.g)
-    results, rows = harness.run_benches(target, tok, generate, benches, settings, eos, kind)
+    """`(report, rows, calibration)`: report = {"benches": [...], "dynamic": [...] (DSpark), "confidence": {...}}.
+    `progress` counts prompts decoded over every pass (DSpark: benchmarks, calibration, dynamic)."""
+    progress = progress or Progress(None)
+    n = sum(len(b) for b in benches.values())
+    calib_benches = suites.builtin_suites(calibration_prompts, seed=settings.seed + 7919) if calibration_prompts else {}
+    progress.set_total(n)
+    decoder = harness.Decoder(
+        functools.partial(family.generate, target, drafter, taps, g=settings.g),
+        taps,
+        functools.partial(family.proposer, drafter, settings.g),
+    )
+    results, rows = harness.run_benches(target, tok, decoder, benches, settings, eos, kind, progress.advance)
     report: dict = {"benches": results}
     records = _records(rows)
-    if not records or not calibration_prompts:
+    if not records or not calib_benches:
         return report, rows, None
-    calib_benches = suites.builtin_suites(calibration_prompts, seed=settings.seed + 7919)
-    _, calib_rows = harness.run_benches(target, tok, generate, calib_benches, settings, eos, kind)
+    # Only a drafter with confidences (DSpark) gets here: a calibration pass and a dynamic pass follow.
+    progress.set_total(n + sum(len(b) for b in calib_benches.values()) + n)
+    _, calib_rows = harness.run_benches(target, tok, decoder, calib_benches, settings, eos, kind, progress.advance)
     s = settings.sampling
     fitted = cal.calibrate(
         _records(calib_rows), threshold=threshold, sampling={"temperature": s.temperature, "top_p": s.top_p}
@@ -62,11 +74,13 @@ def evaluate_drafter(
         "reliability_before": before["reliability"],
         "reliability_after": after["reliability"],
     }
-    dynamic = functools.partial(generate, truncate=lambda d: fitted.truncate(d.confidence))
-    dyn, _ = harness.run_benches(target, tok, dynamic, benches, settings, eos, f"{kind}+dynamic")
+    dynamic = decoder.with_truncate(lambda d: fitted.truncate(d.confidence))
+    dyn, _ = harness.run_benches(target, tok, dynamic, benches, settings, eos, f"{kind}+dynamic", progress.advance)
     report["dynamic"] = dyn
     return report, rows, fitted
 
 
-def settings_for(temperature: float, top_p: float, rule: str, max_new: int, g: int, seed: int) -> harness.EvalSettings:
-    return harness.EvalSettings(Sampling(temperature, top_p), rule, max_new, g, seed)
+def settings_for(
+    temperature: float, top_p: float, rule: str, max_new: int, g: int, seed: int, batch_size: int = 1
+) -> harness.EvalSettings:
+    return harness.EvalSettings(Sampling(temperature, top_p), rule, max_new, g, seed, batch_size)

@@ -10,6 +10,7 @@ rules' losslessness is proven statistically in `tests/unit/test_verify.py`). See
 Shape legend: S prompt length.
 """
 
+import functools
 import time
 import zlib
 from collections.abc import Callable
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from drafters.speculative import Decoded, plain_decode
+from drafters.speculative import Decoded, Proposer, Truncate, plain_decode
+from drafters.speculative_batch import plain_decode_batch, speculative_decode_batch
 from drafters.verify import Sampling
 from evals.records import BenchPrompt
 
@@ -32,9 +34,28 @@ class EvalSettings:
     max_new_tokens: int
     g: int
     seed: int = 0
+    batch_size: int = 1
 
 
 Generate = Callable[..., Decoded]  # family.generate bound to (target, drafter, taps)
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How one drafter decodes: `one(prompt_S, ...)` at batch 1 (the reference loop) and, for batches,
+    `proposer()`: a fresh per-row drafting state for `drafters.speculative_batch`."""
+
+    one: Generate
+    taps: list[int]
+    proposer: Callable[[], Proposer]
+    truncate: Truncate | None = None
+
+    def with_truncate(self, truncate: Truncate) -> "Decoder":
+        return Decoder(functools.partial(self.one, truncate=truncate), self.taps, self.proposer, truncate)
+
+    def many(self, target: PreTrainedModel, prompts: list[torch.Tensor], **how) -> list[Decoded]:
+        props = [self.proposer() for _ in prompts]
+        return speculative_decode_batch(target, self.taps, props, prompts, truncate=self.truncate, **how)
 
 
 def turn_ids(tok: PreTrainedTokenizerBase, prompt: BenchPrompt, answers: list[str], turn: int) -> torch.Tensor:
@@ -54,23 +75,40 @@ def _seed(seed: int, prompt_id: str, turn: int, what: str) -> torch.Generator:
 def run_prompts(
     target: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
-    generate: Generate,
+    decoder: Decoder,
     prompts: list[BenchPrompt],
     settings: EvalSettings,
     eos: set[int],
 ) -> list[dict]:
-    """One row per (prompt, turn): tokens, rounds, accepted, histograms, timings, identical-to-baseline."""
+    """One row per (prompt, turn): tokens, rounds, accepted, histograms, timings, identical-to-baseline.
+    Prompts go `settings.batch_size` at a time; a multi-turn group decodes turn by turn."""
     rows = []
-    s = settings
-    for prompt in prompts:
-        answers: list[str] = []
-        for turn in range(len(prompt.turns)):
-            ids = turn_ids(tok, prompt, answers, turn)
-            g_base, g_spec = _seed(s.seed, prompt.id, turn, "base"), _seed(s.seed, prompt.id, turn, "spec")
-            base = plain_decode(target, ids, max_new=s.max_new_tokens, eos=eos, sampling=s.sampling, generator=g_base)
-            spec = generate(ids, max_new=s.max_new_tokens, eos=eos, sampling=s.sampling, rule=s.rule, generator=g_spec)
-            answers.append(tok.decode(base.tokens, skip_special_tokens=True))
-            rows.append(_row(prompt, turn, base, spec))
+    for i in range(0, len(prompts), max(1, settings.batch_size)):
+        rows += _run_group(target, tok, decoder, prompts[i : i + settings.batch_size], settings, eos)
+    order = {p.id: k for k, p in enumerate(prompts)}
+    return sorted(rows, key=lambda r: (order[r["id"]], r["turn"]))
+
+
+def _run_group(target, tok, decoder: Decoder, group: list[BenchPrompt], s: EvalSettings, eos: set[int]) -> list[dict]:
+    answers: dict[str, list[str]] = {p.id: [] for p in group}
+    rows = []
+    for turn in range(max(len(p.turns) for p in group)):
+        members = [p for p in group if len(p.turns) > turn]
+        ids = [turn_ids(tok, p, answers[p.id], turn) for p in members]
+        g_base = [_seed(s.seed, p.id, turn, "base") for p in members]
+        g_spec = [_seed(s.seed, p.id, turn, "spec") for p in members]
+        how = {"max_new": s.max_new_tokens, "eos": eos, "sampling": s.sampling}
+        if len(members) == 1:
+            base = [plain_decode(target, ids[0], generator=g_base[0], **how)]
+            spec = [decoder.one(ids[0], rule=s.rule, generator=g_spec[0], **how)]
+        else:
+            base = plain_decode_batch(target, ids, generators=g_base, **how)
+            spec = decoder.many(target, ids, rule=s.rule, generators=g_spec, **how)
+        for p, b, sp in zip(members, base, spec, strict=True):
+            answers[p.id].append(tok.decode(b.tokens, skip_special_tokens=True))
+            # A batch's rows share its wall time: each row is charged its share, so sums stay wall time.
+            b.seconds, sp.seconds = b.seconds / len(members), sp.seconds / len(members)
+            rows.append(_row(p, turn, b, sp))
     return rows
 
 
@@ -89,6 +127,7 @@ def _row(prompt: BenchPrompt, turn: int, base: Decoded, spec: Decoded) -> dict:
         "position_accepts": spec.position_accepts,
         "confidence": spec.confidence,
         "identical": spec.tokens == base.tokens,
+        "output_ids": spec.tokens,
         "baseline_seconds": base.seconds,
         "speculative_seconds": spec.seconds,
     }
@@ -134,20 +173,23 @@ def summarise_bench(bench: str, drafter: str, rows: list[dict], settings: EvalSe
 def run_benches(
     target: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
-    generate: Generate,
+    decoder: Decoder,
     benches: dict[str, list[BenchPrompt]],
     settings: EvalSettings,
     eos: set[int],
     drafter: str,
+    done: Callable[[int], None] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """Per-benchmark results and every row (with its `bench`)."""
+    """Per-benchmark results and every row (with its `bench`); `done(n)` after each benchmark's n prompts."""
     warm = next(iter(benches.values()))[0]
     plain_decode(target, turn_ids(tok, warm, [], 0), max_new=4, eos=eos)  # first-call costs out of the timings
     results, all_rows = [], []
     for name, prompts in benches.items():
         start = time.perf_counter()
-        rows = run_prompts(target, tok, generate, prompts, settings, eos)
+        rows = run_prompts(target, tok, decoder, prompts, settings, eos)
         result = summarise_bench(name, drafter, rows, settings) | {"seconds": round(time.perf_counter() - start, 2)}
         results.append(result)
         all_rows += [r | {"bench": name} for r in rows]
+        if done is not None:
+            done(len(prompts))
     return results, all_rows

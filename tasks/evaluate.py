@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
-from drafters import families, speculative, verify
+from drafters import families, speculative, speculative_batch, verify
 from drafters.dspark import calibration as cal
 from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, EvaluateConfig, TargetConfig
 from draftsmith.manifest import StageManifest, file_entry
+from draftsmith.progress import Progress, stage_progress
 from draftsmith.stage import StageResult, run_stage, stage_key
 from engines import hf
 from evals import evaluation, harness, loaders, plots, report, suites
@@ -114,6 +115,7 @@ def evaluate_checkpoint(
     seed: int,
     uri: str,
     key: str,
+    progress: Progress | None = None,
 ) -> tuple[dict, list]:
     """Evaluate the drafter checkpoint at `checkpoint_uri` (a train stage or an export folder) and write its
     results, per-turn rows, plots and calibration under `uri`; returns `(results, file entries)`."""
@@ -121,15 +123,19 @@ def evaluate_checkpoint(
     model, tok = hf.load_target(target)
     drafter, taps = family.load(checkpoint_uri, model)
     g = drafter_cfg.drafts_per_round(cfg.num_draft_tokens)
-    settings = evaluation.settings_for(cfg.temperature, cfg.top_p, cfg.verification, cfg.max_new_tokens, g, seed)
+    settings = evaluation.settings_for(
+        cfg.temperature, cfg.top_p, cfg.verification, cfg.max_new_tokens, g, seed, cfg.batch_size
+    )
     eos = set(hf.end_of_turn_ids(tok, model))
     with torch.inference_mode():
         calibration = cfg.calibration_prompts if drafter_cfg.kind == "dspark" else 0
         out, rows, fitted = evaluation.evaluate_drafter(
             model, tok, family, drafter, taps, kind=drafter_cfg.kind, benches=benches_for(cfg, prompts, seed),
             settings=settings, eos=eos, calibration_prompts=calibration, threshold=cfg.confidence_threshold,
+            progress=progress,
         )  # fmt: skip
-    results = headline(drafter_cfg.kind, out["benches"], g) | out | {"temperature": cfg.temperature, "top_p": cfg.top_p}
+    decoding = {"temperature": cfg.temperature, "top_p": cfg.top_p, "batch_size": cfg.batch_size}
+    results = headline(drafter_cfg.kind, out["benches"], g) | out | decoding
     files = [
         file_entry(uri, "results.json", (json.dumps(results, indent=2) + "\n").encode()),
         file_entry(uri, "prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()),
@@ -151,14 +157,16 @@ def evaluate(
 ) -> StageManifest:
     """Write `results.json`, per-turn `prompts.jsonl`, plots and (DSpark) `calibration.json` under `out_uri`."""
     family = families.family(drafter_cfg.kind)
-    code = [sys.modules[__name__], speculative, verify, cal, evaluation, harness, suites, loaders, family]
+    code = [sys.modules[__name__], speculative, speculative_batch, verify, cal, evaluation, harness, suites, loaders]
+    code.append(family)
     inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "prompts": prompts, "checkpoint": checkpoint}
     key = stage_key(STAGE, code + family.code_modules(), **inputs, seed=seed)
 
     def compute(uri: str) -> StageResult:
-        results, files = evaluate_checkpoint(
-            cfg, drafter_cfg, target, prompts, checkpoint.uri, seed=seed, uri=uri, key=key
-        )
+        with stage_progress(STAGE, uri, None, "evaluate: prompts decoded") as progress:
+            results, files = evaluate_checkpoint(
+                cfg, drafter_cfg, target, prompts, checkpoint.uri, seed=seed, uri=uri, key=key, progress=progress
+            )
         metrics = {"acc_len": results["acc_len"]["overall"], "speedup": results["speedup"]}
         return StageResult(files=files, counts={"prompts": results["prompts"]}, metrics=metrics)
 

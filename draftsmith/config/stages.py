@@ -57,6 +57,9 @@ class EvaluateConfig(StrictModel):
     )
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt and turn.")
     max_prompts: int | None = Field(None, gt=0, description="Evaluate at most this many held-out prompts.")
+    batch_size: int = Field(
+        1, ge=1, le=64, description="Prompts decoded together (one target forward verifies every row each round)."
+    )
     temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of target and drafter (0: greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass, applied to target and drafter alike.")
     verification: Literal["greedy", "token", "block"] = Field(

@@ -1,0 +1,57 @@
+"""The serving throughput sweep's settings: concurrency levels, requests, prompts and sampling."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from draftsmith.config.base import StrictModel
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_PROMPTS = (
+    "Explain why the sky is blue in three sentences.",
+    "Write a short Python function that checks whether a number is prime.",
+    "Summarise the causes of the First World War.",
+    "What are the health benefits of regular exercise?",
+    "Give me a recipe for a simple tomato soup.",
+    "Translate 'Good morning, how are you?' into French and Spanish.",
+    "List five tips for writing clear technical documentation.",
+    "If a train travels 120 km in 1.5 hours, what is its average speed? Show your work.",
+)
+
+
+class SweepConfig(StrictModel):
+    """One throughput sweep against one server (`draftsmith sweep`, `evals.sweep`)."""
+
+    concurrency: tuple[int, ...] = Field(DEFAULT_CONCURRENCY, min_length=1, description="Levels, requests in flight.")
+    requests_per_level: int = Field(128, ge=1, description="Requests sent at each level; at least max concurrency.")
+    prompts: tuple[str, ...] = Field(DEFAULT_PROMPTS, min_length=1, description="User turns, cycled over requests.")
+    max_tokens: int = Field(128, ge=1, description="Output tokens per request.")
+    ignore_eos: bool = Field(True, description="Generate max_tokens every time, so runs compare the same work.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    warmup_requests: int = Field(2, ge=0, description="Requests before the first level, left out of every figure.")
+    timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit per concurrency level, in seconds.")
+    seed: int = Field(0, description="Seed of the load generator.")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(c < 1 for c in v) or len(set(v)) != len(v):
+            raise ValueError(f"concurrency: levels must be distinct positive integers, got {list(v)}")
+        return tuple(sorted(v))
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        empty = [i for i, p in enumerate(v) if not p.strip()]
+        if empty:
+            raise ValueError(f"prompts: entries {empty} are empty")
+        return v
+
+    @model_validator(mode="after")
+    def _saturate(self) -> SweepConfig:
+        if self.requests_per_level < max(self.concurrency):
+            raise ValueError(
+                f"requests_per_level: {self.requests_per_level} cannot keep concurrency {max(self.concurrency)} busy"
+            )
+        return self
