@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith import cli_eval
+from draftsmith import cli_baseline, cli_deploy, cli_eval
 from draftsmith.config import PipelineConfig, RecipeError, load_recipe
 
 
@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default: <run>/export/<engine>)")
     p.add_argument("--recipe", help="the run's recipe (default: <run>/recipe.yaml)")
     cli_eval.add_parsers(sub)
+    cli_deploy.add_parsers(sub)
+    cli_baseline.add_parsers(sub)
     return parser
 
 
@@ -136,6 +138,8 @@ COMMANDS = {
     "export": cmd_export,
     "eval": cli_eval.cmd_eval,
     "sweep": cli_eval.cmd_sweep,
+    **cli_deploy.COMMANDS,
+    **cli_baseline.COMMANDS,
 }
 
 

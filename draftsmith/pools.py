@@ -1,9 +1,10 @@
-"""Prefect work pools of the GPU stages: base job templates and the GPU concurrency limit.
+"""Prefect work pools: base job templates, their validation, and the GPU concurrency limit.
 
-A stage's `resources.work_pool` names a Prefect work pool. Kubernetes pools keep their base job
-template in `deployments/work-pools/<pool>.json` (the shape `prefect work-pool create --type
-kubernetes --base-job-template FILE` accepts). Each GPU pool also gets a global concurrency limit
-named `gpu:<pool>` whose slots are GPUs, so GPU tasks can `concurrency("gpu:<pool>", occupy=n)`.
+A stage's `resources.work_pool` names a Prefect work pool. Every pool keeps its base job template in
+`deployments/work-pools/<pool>.json` (the shape `prefect work-pool create --base-job-template FILE`
+accepts): Kubernetes templates for the GPU pools and the CPU pool, a process template for `local`. Each
+GPU pool also gets a global concurrency limit named `gpu:<pool>` whose slots are GPUs, so GPU tasks can
+`concurrency("gpu:<pool>", occupy=n)`. Credentials reach pods by reference only (an `envFrom` Secret).
 
 Multi-node pools (gb200-train) run one Indexed Job per flow run: `nnodes` pods, pod 0 runs the flow and hosts the
 torchrun rendezvous, the other pods only join it (see deployments/work-pools/README.md).
@@ -36,6 +37,10 @@ NODES_VARIABLE = "nnodes"
 _COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _RDZV_ENV = "DRAFTSMITH_RDZV_ENDPOINT"
 _ENV_REF = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+# What a process worker fills per flow run; a template must leave these to it.
+_PROCESS_FIELDS = ("command", "env", "working_dir")
+# Env names that carry credentials (AWS_SECRET_ACCESS_KEY, HF_TOKEN, ...): never as template defaults.
+_SECRET_NAME = re.compile(r"(^|_)(SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIALS?|ACCESS_KEY)(_|$)", re.IGNORECASE)
 
 
 def pool_template_path(name: str) -> Path:
@@ -125,7 +130,7 @@ def _check_shm(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
     return []
 
 
-def _check_manifest(job_config: dict[str, Any], props: dict[str, Any]) -> list[str]:
+def _check_manifest(job_config: dict[str, Any], props: dict[str, Any], gpu: bool) -> list[str]:
     manifest = job_config.get("job_manifest")
     if not isinstance(manifest, dict):
         return ["job_configuration.job_manifest: missing (a kubernetes pool needs a Job manifest)"]
@@ -141,8 +146,13 @@ def _check_manifest(job_config: dict[str, Any], props: dict[str, Any]) -> list[s
     if containers[0].get("name") != _WORKER_CONTAINER_NAME:
         problems.append(f"{_POD}.containers[0].name: the kubernetes worker requires {_WORKER_CONTAINER_NAME!r}")
     if not pod.get("nodeSelector"):
-        problems.append(f"{_POD}.nodeSelector: missing; GPU pods must be pinned to GPU nodes")
-    return problems + _check_gpu_limit(containers[0], props) + _check_shm(pod, containers[0])
+        problems.append(f"{_POD}.nodeSelector: missing; pods must be pinned to their node class")
+    problems += _check_shm(pod, containers[0]) + _check_secret_ref(containers[0], props)
+    if not gpu:
+        if GPU_RESOURCE in containers[0].get("resources", {}).get("limits", {}):
+            problems.append(f"{_POD}.containers[0].resources.limits.{GPU_RESOURCE}: a CPU pool must not take GPUs")
+        return problems
+    return problems + _check_gpu_limit(containers[0], props)
 
 
 def is_multi_node(template: dict[str, Any]) -> bool:
@@ -229,23 +239,77 @@ def rendered_env_problems(job_config: dict[str, Any]) -> list[str]:
     return problems
 
 
-def validate_base_job_template(template: dict[str, Any]) -> list[str]:
-    """Problems with a GPU kubernetes base job template, each naming its field; empty when valid.
+def _parts(template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """`(job_configuration, variables.properties)`, or the problem when either is missing."""
+    job_config, variables = template.get("job_configuration"), template.get("variables")
+    if not isinstance(job_config, dict) or not isinstance(variables, dict):
+        return "base job template: needs both a `job_configuration` and a `variables` object"
+    props = variables.get("properties")
+    if not isinstance(props, dict):
+        return "variables.properties: missing"
+    return job_config, props
 
+
+def validate_base_job_template(template: dict[str, Any], *, gpu: bool = True) -> list[str]:
+    """Problems with a kubernetes base job template, each naming its field; empty when valid.
+
+    GPU templates (`gpu=True`) template the `nvidia.com/gpu` limit; CPU ones (`gpu=False`) must not take GPUs.
     Multi-node templates (see `is_multi_node`) are also checked for the Indexed Job sized by `nnodes`, the
     rendezvous env and the defaults rendering to strings where Kubernetes wants them.
     """
-    job_config, variables = template.get("job_configuration"), template.get("variables")
-    if not isinstance(job_config, dict) or not isinstance(variables, dict):
-        return ["base job template: needs both a `job_configuration` and a `variables` object"]
-    props = variables.get("properties")
-    if not isinstance(props, dict):
-        return ["variables.properties: missing"]
-    problems = _undeclared_placeholders(job_config, props) + _check_manifest(job_config, props)
+    parts = _parts(template)
+    if isinstance(parts, str):
+        return [parts]
+    job_config, props = parts
+    problems = _undeclared_placeholders(job_config, props) + _check_manifest(job_config, props, gpu)
+    problems += _literal_secret_problems(props)
     if problems or not is_multi_node(template):
         return problems
     problems = _check_multi_node(job_config, props)
     return problems or rendered_env_problems(render(template, {"name": "check", "command": "true"}))
+
+
+def validate_process_template(template: dict[str, Any]) -> list[str]:
+    """Problems with a process work pool's base job template (the shape `ProcessWorker` fills); empty when valid."""
+    parts = _parts(template)
+    if isinstance(parts, str):
+        return [parts]
+    job_config, props = parts
+    problems = _undeclared_placeholders(job_config, props) + _literal_secret_problems(props)
+    for key in _PROCESS_FIELDS:
+        if _single_placeholder(job_config.get(key)) != key:
+            problems.append(f"job_configuration.{key}: must be {{{{ {key} }}}} (the process worker fills it)")
+    return problems
+
+
+def validate_pool_template(pool_type: str, template: dict[str, Any], *, gpu: bool) -> list[str]:
+    """Problems with the template of a `process` or `kubernetes` pool (GPU or not); empty when valid."""
+    if pool_type == "process":
+        if gpu:
+            return ["a process pool cannot hold GPUs: use a kubernetes pool for GPU stages"]
+        return validate_process_template(template)
+    if pool_type == "kubernetes":
+        return validate_base_job_template(template, gpu=gpu)
+    return [f"pool type {pool_type!r}: only 'process' and 'kubernetes' templates are kept here"]
+
+
+def _check_secret_ref(container: dict[str, Any], props: dict[str, Any]) -> list[str]:
+    """Credentials reach the pod by reference: an `envFrom` Secret whose name is a declared variable."""
+    refs = [e.get("secretRef") for e in container.get("envFrom") or [] if isinstance(e, dict)]
+    names = [_single_placeholder((r or {}).get("name")) for r in refs]
+    if not any(name in props for name in names):
+        return [f"{_POD}.containers[0].envFrom: needs a secretRef whose name is a {{{{ variable }}}}"]
+    return []
+
+
+def _literal_secret_problems(props: dict[str, Any]) -> list[str]:
+    """Environment defaults that look like credentials: those belong in a Secret or a Prefect block."""
+    env = (props.get("env") or {}).get("default") or {}
+    return [
+        f"variables.properties.env.default.{name}: looks like a credential; reference a Secret instead"
+        for name in sorted(env)
+        if _SECRET_NAME.search(name)
+    ]
 
 
 def gpu_count_default(template: dict[str, Any]) -> int:
@@ -266,6 +330,18 @@ def gpu_limit_name(pool: str) -> str:
     return f"{GPU_CONCURRENCY_LIMIT}:{pool}"
 
 
+def gpu_pool_concurrency(template: dict[str, Any], gpus: int, gpus_per_run: int | None = None) -> int:
+    """Flow runs a GPU pool holding `gpus` GPUs runs at once: `gpus // gpus_per_run`.
+
+    `gpus_per_run` defaults to the template's gpu_count times its nodes (a 2-node run of 4-GPU pods counts 8).
+    """
+    if gpus_per_run is None:
+        gpus_per_run = gpu_count_default(template) * nodes_default(template)
+    if gpus_per_run < 1 or gpus < gpus_per_run or gpus % gpus_per_run:
+        raise ValueError(f"gpus ({gpus}) must be a positive multiple of gpus_per_run ({gpus_per_run})")
+    return gpus // gpus_per_run
+
+
 def gpu_limit_commands(pool: str, gpus: int, *, gpus_per_run: int | None = None) -> list[list[str]]:
     """The Prefect CLI commands that set up GPU pool `pool` holding `gpus` GPUs in all.
 
@@ -279,14 +355,16 @@ def gpu_limit_commands(pool: str, gpus: int, *, gpus_per_run: int | None = None)
     problems = validate_base_job_template(template)
     if problems:
         raise ValueError(f"work pool {pool!r}: invalid base job template:\n  " + "\n  ".join(problems))
-    if gpus_per_run is None:
-        gpus_per_run = gpu_count_default(template) * nodes_default(template)
-    if gpus_per_run < 1 or gpus < gpus_per_run or gpus % gpus_per_run:
-        raise ValueError(f"gpus ({gpus}) must be a positive multiple of gpus_per_run ({gpus_per_run})")
     return [
         ["prefect", "work-pool", "create", pool, "--type", "kubernetes"]
         + ["--base-job-template", str(pool_template_path(pool))],
-        ["prefect", "work-pool", "set-concurrency-limit", pool, str(gpus // gpus_per_run)],
+        [
+            "prefect",
+            "work-pool",
+            "set-concurrency-limit",
+            pool,
+            str(gpu_pool_concurrency(template, gpus, gpus_per_run)),
+        ],
         ["prefect", "gcl", "create", gpu_limit_name(pool), "--limit", str(gpus)],
     ]
 

@@ -3,6 +3,7 @@
 from draftsmith.config.drafter import DFlash2Config, DrafterConfig, DSparkConfig, Eagle3Config
 from draftsmith.config.hidden_states import HiddenStatesConfig
 from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe, record_recipe
+from draftsmith.config.nightly import NightlyConfig
 from draftsmith.config.pipeline import PipelineConfig
 from draftsmith.config.regenerate import RegenerateConfig
 from draftsmith.config.select import SelectConfig
@@ -22,6 +23,7 @@ __all__ = [
     "DrafterConfig",
     "EvaluateConfig",
     "HiddenStatesConfig",
+    "NightlyConfig",
     "PipelineConfig",
     "RecipeError",
     "RegenerateConfig",

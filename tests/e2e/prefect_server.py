@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# The venv's executable, not whatever `prefect` is first on PATH. No resolve(): that would leave the venv.
+# The venv's executables, not whatever is first on PATH. No resolve(): that would leave the venv.
 PREFECT = Path(sys.executable).parent / "prefect"
+DRAFTSMITH = Path(sys.executable).parent / "draftsmith"
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT_S = 90
 # Loopback requests never go through a proxy, whatever the environment says.
@@ -44,6 +45,8 @@ def server_env(home: Path, api_url: str) -> dict[str, str]:
         PREFECT_HOME=str(home),
         PREFECT_API_URL=api_url,
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        # No scheduled runs: a `--run-once` worker must find only the run a test started, whatever the hour.
+        PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
         DO_NOT_TRACK="1",
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
@@ -112,3 +115,35 @@ def prefect_server_at(tmp_path: Path) -> Iterator[Server]:
         yield Server(api_url=api_url, env=env, log=log)
     finally:
         stop(proc, sigterms=1)
+
+
+def run_cli(server: Server, argv: list, timeout: float = 300) -> str:
+    """Run an executable (PREFECT, DRAFTSMITH) with args from the repository root against `server`; its output.
+
+    Fails the test with the output when it exits non-zero.
+    """
+    res = subprocess.run(
+        [str(a) for a in argv], cwd=ROOT, env=server.env, capture_output=True, text=True, timeout=timeout
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, (
+        f"`{Path(argv[0]).name} {' '.join(map(str, argv[1:4]))} ...` exited {res.returncode}:\n{out}"
+    )
+    return out
+
+
+def deployable_copy(prefect_file: Path, tmp_path: Path) -> tuple[Path, list[str]]:
+    """`prefect_file`, or a copy in `tmp_path` without the deployments whose entrypoint file does not exist yet.
+
+    Returns the file to deploy and the names left out (a flow still being written elsewhere, e.g. the nightly).
+    """
+    import yaml
+
+    doc = yaml.safe_load(prefect_file.read_text())
+    missing = [d["name"] for d in doc["deployments"] if not (ROOT / d["entrypoint"].partition(":")[0]).is_file()]
+    if not missing:
+        return prefect_file, []
+    doc["deployments"] = [d for d in doc["deployments"] if d["name"] not in missing]
+    copy = tmp_path / prefect_file.name
+    copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return copy, missing

@@ -1,47 +1,69 @@
-"""`kimi-k3/eagle3` for real: a Prefect server on loopback, the `local-cpu` process work pool,
-`prefect deploy` of deployments/prefect.yaml, and one flow run of the tiny recipe executed by a
-`--run-once` process worker. Every subprocess is the venv's `prefect`, talking to 127.0.0.1 only.
+"""`kimi-k3/dspark` as a user runs it on a laptop: a Prefect server on loopback, `draftsmith deploy --local`
+(the `local` process pool from its template, its limit, every deployment of prefect.local.yaml), then
+`prefect deployment run kimi-k3/dspark` with the tiny recipe as a DSpark drafter, executed by a
+`prefect worker start --run-once`. The flow run, its artifacts and the run folder are read back through the
+Prefect API and the disk. Every subprocess is the venv's, talking to 127.0.0.1 only.
 """
 
 import json
 import re
 import subprocess
 import time
+import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
 from draftsmith.config import PipelineConfig
-from tests.e2e.prefect_server import PREFECT, ROOT, Server, get_json, stop, tail
+from draftsmith.config.drafter import DSparkConfig
+from draftsmith.pools import load_base_job_template
+from tests.e2e.prefect_server import (
+    _HTTP,
+    DRAFTSMITH,
+    PREFECT,
+    ROOT,
+    Server,
+    deployable_copy,
+    get_json,
+    run_cli,
+    stop,
+    tail,
+)
 
-PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
+LOCAL_FILE = ROOT / "deployments" / "prefect.local.yaml"
 RECIPES = ROOT / "deployments" / "recipes"
-WORKER_TIMEOUT_S = 420
+WORKER_TIMEOUT_S = 480
+STAGES = ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def _cli(server: Server, *args: str, timeout: float = 180) -> str:
-    """Run `prefect ARGS` from the repository root; fail with its output if it fails."""
-    res = subprocess.run(
-        [str(PREFECT), *args],
-        cwd=ROOT,
-        env=server.env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, f"`prefect {' '.join(args[:3])} ...` exited {res.returncode}:\n{out}"
-    return out
+def tiny_dspark_recipe() -> dict:
+    """deployments/recipes/tiny-cpu.yaml with a DSpark drafter: the tiny drafter's shared sizes, block 4."""
+    recipe = yaml.safe_load((RECIPES / "tiny-cpu.yaml").read_text())
+    shared = {k: v for k, v in recipe["drafter"].items() if k in DSparkConfig.model_fields and k != "kind"}
+    recipe["drafter"] = shared | {
+        "kind": "dspark",
+        "num_layers": 2,
+        "block_size": 4,
+        "mask_token_id": 16,  # <empty_output> of SmolLM2's tokenizer, which the tiny target shares
+        "num_anchors": 8,
+        "markov_rank": 8,
+    }
+    recipe["name"] = "tiny-cpu-dspark"
+    # The held-out prompts only: the built-in suites would add minutes of CPU decoding and no new code path.
+    recipe["evaluate"]["suites"] = []
+    PipelineConfig.model_validate(recipe)
+    return recipe
 
 
 def _run_worker(server: Server, log: Path, cwd: Path) -> int:
-    """`prefect worker start --run-once`, output to `log`; stopped by PID (two SIGTERMs) however it ends."""
+    """`prefect worker start --run-once` on `local`, output to `log`; stopped by PID (two SIGTERMs) however it ends."""
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [str(PREFECT), "worker", "start", "--pool", "local-cpu", "--type", "process", "--run-once"],
+            [str(PREFECT), "worker", "start", "--pool", "local", "--type", "process", "--run-once"],
             # Anywhere but the repository: only the deployment's pull step may lead the run there.
             cwd=cwd,
             env=server.env,
@@ -58,52 +80,66 @@ def _run_worker(server: Server, log: Path, cwd: Path) -> int:
         stop(proc, sigterms=2)
 
 
-@pytest.mark.timeout(600)
-def test_eagle3_deployment_runs_tiny_recipe_on_process_worker(prefect_server: Server, tmp_path: Path) -> None:
-    server = prefect_server
-    t0 = time.monotonic()
-
-    _cli(server, "work-pool", "create", "local-cpu", "--type", "process")
-    _cli(server, "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE.relative_to(ROOT)))
-
-    deployment = get_json(f"{server.api_url}/deployments/name/kimi-k3/eagle3")
-    assert deployment["entrypoint"] == "flows/pipeline.py:kimi_k3"
-    # The default config is the main recipe, verbatim and valid.
-    main_recipe = yaml.safe_load((RECIPES / "smollm2-cpu-eagle3.yaml").read_text())
-    assert deployment["parameters"]["config"] == main_recipe
-    PipelineConfig.model_validate(deployment["parameters"]["config"])
-    subflow = get_json(f"{server.api_url}/deployments/name/hidden-states/smollm2-cpu")
-    assert subflow["entrypoint"] == "flows/hidden_states.py:hidden_states_flow"
-    assert subflow["parameters"]["config"] == main_recipe
-    for kind in ["dflash2", "dspark"]:
-        block = get_json(f"{server.api_url}/deployments/name/kimi-k3/{kind}")
-        assert block["entrypoint"] == "flows/pipeline.py:kimi_k3"
-        assert block["parameters"]["config"] == yaml.safe_load((RECIPES / f"smollm2-cpu-{kind}.yaml").read_text())
+def _check_deployed(server: Server, out: str) -> None:
+    """What `draftsmith deploy --local` left on the server: the pool from its template, the deployments."""
+    assert re.search(r"work pool\s+local\s+created", out), out
+    pool = get_json(f"{server.api_url}/work_pools/local")
+    assert (pool["type"], pool["concurrency_limit"]) == ("process", 1)
+    assert pool["base_job_template"] == load_base_job_template("local")
+    dep = get_json(f"{server.api_url}/deployments/name/kimi-k3/dspark")
+    assert (dep["entrypoint"], dep["work_pool_name"]) == ("flows/pipeline.py:kimi_k3", "local")
+    assert dep["parameters"]["config"] == yaml.safe_load((RECIPES / "smollm2-cpu-dspark.yaml").read_text())
     # Flow runs start in the repository root: the pull step holds the absolute directory deploy ran in.
     pull_dirs = [
         step["prefect.deployments.steps.set_working_directory"]["directory"]
-        for step in deployment["pull_steps"] or []
+        for step in dep["pull_steps"] or []
         if "prefect.deployments.steps.set_working_directory" in step
     ]
-    assert [Path(d).resolve() for d in pull_dirs] == [ROOT.resolve()], deployment["pull_steps"]
-    print(f"work pool + deploy: {time.monotonic() - t0:.1f} s")
+    assert [Path(d).resolve() for d in pull_dirs] == [ROOT.resolve()], dep["pull_steps"]
+    # The UI's form: the parameter is the pydantic recipe model, its fields described.
+    schema = dep["parameter_openapi_schema"]
+    assert schema["properties"]["config"]["$ref"] == "#/definitions/PipelineConfig"
+    train_fields = schema["definitions"]["TrainConfig"]["properties"]
+    assert train_fields["lr"]["description"] and dep["enforce_parameter_schema"]
+
+
+def _artifacts(server: Server, flow_run_id: str) -> list[dict]:
+    """Every artifact of the flow run and of its subflow runs, through the API."""
+    children = _post(server, "flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
+    ids = [flow_run_id] + [c["id"] for c in children]
+    return _post(server, "artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
+
+
+def _post(server: Server, path: str, body: dict) -> list[dict]:
+    req = urllib.request.Request(
+        f"{server.api_url}/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with _HTTP.open(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.timeout(900)
+def test_local_deploy_then_dspark_runs_tiny_recipe_on_process_worker(prefect_server: Server, tmp_path: Path) -> None:
+    server = prefect_server
+    t0 = time.monotonic()
+    prefect_file, left_out = deployable_copy(LOCAL_FILE, tmp_path)
+    if left_out:
+        warnings.warn(f"deployed without {left_out}: their entrypoint files do not exist yet", stacklevel=1)
+    out = run_cli(server, [DRAFTSMITH, "deploy", "--local", "--prefect-file", prefect_file])
+    print(f"draftsmith deploy --local: {time.monotonic() - t0:.1f} s\n{out}")
+    _check_deployed(server, out)
 
     run_dir = tmp_path / "run"
-    params = {
-        "config": yaml.safe_load((RECIPES / "tiny-cpu.yaml").read_text()),
-        "run_dir": str(run_dir),
-    }
-    out = _cli(server, "deployment", "run", "kimi-k3/eagle3", "--params", json.dumps(params))
+    params = {"config": tiny_dspark_recipe(), "run_dir": str(run_dir)}
+    out = run_cli(server, [PREFECT, "deployment", "run", "kimi-k3/dspark", "--params", json.dumps(params)])
     ids = re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", out)
     assert ids, f"no flow run id in `prefect deployment run` output:\n{out}"
     flow_run_id = ids[0]
 
-    worker_log = tmp_path / "worker.log"
     (worker_cwd := tmp_path / "worker-cwd").mkdir()
     t1 = time.monotonic()
-    worker_rc = _run_worker(server, worker_log, worker_cwd)
-    worker_out = tail(worker_log)
-    # Shown by pytest whenever the test fails (and always with -s).
+    worker_rc = _run_worker(server, tmp_path / "worker.log", worker_cwd)
+    worker_out = tail(tmp_path / "worker.log")
     print(f"worker exited {worker_rc} after {time.monotonic() - t1:.1f} s; output:\n{worker_out}")
 
     flow_run = get_json(f"{server.api_url}/flow_runs/{flow_run_id}")
@@ -113,10 +149,18 @@ def test_eagle3_deployment_runs_tiny_recipe_on_process_worker(prefect_server: Se
         f"worker output (exit {worker_rc}):\n{worker_out}"
     )
     assert worker_rc == 0, f"worker exited {worker_rc}:\n{worker_out}"
-    assert flow_run["parameters"]["run_dir"] == str(run_dir)
+    assert flow_run["name"] == "tiny-cpu-dspark" and flow_run["parameters"]["run_dir"] == str(run_dir)
 
-    results_path = run_dir / "evaluate" / "results.json"
-    assert results_path.is_file(), f"{results_path} missing; worker output:\n{worker_out}"
-    results = json.loads(results_path.read_text())
-    assert {"drafter", "acc_len", "tokens_per_s"} <= results.keys(), results
-    print(f"total {time.monotonic() - t0:.1f} s after the server was healthy; results: {results}")
+    artifacts = {a["key"]: a for a in _artifacts(server, flow_run_id) if a.get("key")}
+    assert "select-report" in artifacts, sorted(artifacts)
+    train = [a for k, a in artifacts.items() if k.startswith("train-")]
+    assert len(train) == 1 and "loss" in train[0]["data"].lower(), sorted(artifacts)
+    evals = [a for k, a in artifacts.items() if k.startswith("eval-")]
+    assert any(a["type"] == "markdown" for a in evals) and any(a["type"] == "image" for a in evals), sorted(artifacts)
+
+    for stage in STAGES:
+        assert (run_dir / stage / "manifest.json").is_file(), f"{stage}: no manifest; worker output:\n{worker_out}"
+    results = json.loads((run_dir / "evaluate" / "results.json").read_text())
+    assert results["drafter"] == "dspark" and results["acc_len"]["overall"] >= 1.0, results
+    assert results["mismatched_outputs"] == 0, results  # greedy verification is lossless
+    print(f"total {time.monotonic() - t0:.1f} s after the server was healthy; artifacts {sorted(artifacts)}")

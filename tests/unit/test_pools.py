@@ -12,6 +12,7 @@ from prefect.utilities.templating import find_placeholders
 
 from draftsmith.config import load_recipe
 from draftsmith.config.stages import Resources
+from draftsmith.deploy import load_inventory
 from draftsmith.pools import (
     GPU_RESOURCE,
     WORK_POOLS_DIR,
@@ -24,12 +25,15 @@ from draftsmith.pools import (
     pool_template_path,
     render,
     validate_base_job_template,
+    validate_pool_template,
+    validate_process_template,
 )
 
 pytestmark = pytest.mark.unit
 RECIPES = WORK_POOLS_DIR.parent / "recipes"
 # Variables a worker fills per flow run; they have no default in the template.
 WORKER_VALUES = {"name": "clever-otter", "command": "prefect flow-run execute"}
+_POD_PATH = "job_configuration.job_manifest.spec.template.spec"
 
 
 @pytest.fixture
@@ -156,20 +160,85 @@ def test_job_variables_override_defaults(template: dict) -> None:
 
 
 def test_recipe_stages_fit_their_pool(template: dict) -> None:
-    """Every stage a shipped recipe puts on a pool with a template asks for that template's GPUs and nodes."""
-    pools_with_templates = {p.stem for p in WORK_POOLS_DIR.glob("*.json")}
-    checked = 0
+    """Every stage of a shipped recipe names a pool of the inventory: a GPU pool's stages ask for its template's GPUs
+    and nodes, a CPU pool's stages for no GPU."""
+    inventory = load_inventory()
+    checked = {"gpu": 0, "cpu": 0}
     for recipe in sorted(RECIPES.glob("*.yaml")):
         cfg = load_recipe(recipe)
         for stage in type(cfg).model_fields:
             resources = getattr(getattr(cfg, stage), "resources", None)
-            if isinstance(resources, Resources) and resources.work_pool in pools_with_templates:
-                tpl = load_base_job_template(resources.work_pool)
-                assert resources.gpus == gpu_count_default(tpl), f"{recipe.name}: {stage}.resources.gpus"
-                if is_multi_node(tpl):  # one job holds all nodes; on gb200 each node is a flow run of its own
-                    assert resources.nodes == nodes_default(tpl), f"{recipe.name}: {stage}.resources.nodes"
-                checked += 1
-    assert checked >= 4  # kimi-k3-eagle3: regenerate, hidden_states, evaluate on gb200; train on gb200-train
+            if not isinstance(resources, Resources):
+                continue
+            where = f"{recipe.name}: {stage}.resources"
+            assert resources.work_pool in inventory.pools, f"{where}.work_pool {resources.work_pool!r}"
+            if not inventory.pools[resources.work_pool].gpus:
+                assert resources.gpus == 0, f"{where}.gpus: {resources.work_pool!r} is a CPU pool"
+                checked["cpu"] += 1
+                continue
+            tpl = load_base_job_template(resources.work_pool)
+            assert resources.gpus == gpu_count_default(tpl), f"{where}.gpus"
+            if is_multi_node(tpl):  # one job holds all nodes; on gb200 each node is a flow run of its own
+                assert resources.nodes == nodes_default(tpl), f"{where}.nodes"
+            checked["gpu"] += 1
+    # kimi-k3-*: regenerate, hidden_states, evaluate on gb200, train on gb200-train; the rest on cpu or local.
+    assert checked["gpu"] >= 12 and checked["cpu"] >= 12, checked
+
+
+@pytest.mark.parametrize("pool", ["cpu", "local"])
+def test_cpu_templates_validate_and_take_no_gpu(pool: str) -> None:
+    template = load_base_job_template(pool)
+    kind = "process" if pool == "local" else "kubernetes"
+    assert validate_pool_template(kind, template, gpu=False) == []
+    prefect_server_validate(template)
+    used = {p.name for p in find_placeholders(template["job_configuration"])}
+    assert used == set(template["variables"]["properties"])
+    assert all(spec.get("description") for spec in template["variables"]["properties"].values())
+    # A GPU pool cannot be a process pool, and the CPU template is refused where GPUs are expected.
+    assert validate_pool_template("process", template, gpu=True) != []
+    if kind == "kubernetes":
+        assert any("nvidia.com/gpu: missing" in p for p in validate_pool_template(kind, template, gpu=True))
+        rendered = render(template, WORKER_VALUES)
+        assert rendered["job_manifest"]["spec"]["template"]["spec"]["nodeSelector"] == {
+            "draftsmith.io/node-class": "cpu"
+        }
+
+
+def test_cpu_template_problems_are_named() -> None:
+    template = load_base_job_template("cpu")
+    with_gpu = deepcopy(template)
+    _pod(with_gpu)["containers"][0]["resources"]["limits"][GPU_RESOURCE] = 1
+    assert validate_pool_template("kubernetes", with_gpu, gpu=False) == [
+        f"{_POD_PATH}.containers[0].resources.limits.{GPU_RESOURCE}: a CPU pool must not take GPUs"
+    ]
+    no_secret = deepcopy(template)
+    del _pod(no_secret)["containers"][0]["envFrom"]
+    _one_problem_of(no_secret, "envFrom", "secretRef")
+    literal = deepcopy(template)
+    literal["variables"]["properties"]["env"]["default"]["AWS_SECRET_ACCESS_KEY"] = "not-here"
+    _one_problem_of(literal, "env.default.AWS_SECRET_ACCESS_KEY", "looks like a credential")
+
+
+def test_process_template_problems_are_named() -> None:
+    template = load_base_job_template("local")
+    fixed = deepcopy(template)
+    fixed["job_configuration"]["working_dir"] = "/tmp"
+    assert validate_process_template(fixed) == [
+        "job_configuration.working_dir: must be {{ working_dir }} (the process worker fills it)"
+    ]
+    leaked = deepcopy(template)
+    leaked["variables"]["properties"]["env"]["default"]["HF_TOKEN"] = "hf_x"
+    assert validate_process_template(leaked) == [
+        "variables.properties.env.default.HF_TOKEN: looks like a credential; reference a Secret instead"
+    ]
+    assert validate_pool_template("docker", template, gpu=False) == [
+        "pool type 'docker': only 'process' and 'kubernetes' templates are kept here"
+    ]
+
+
+def _one_problem_of(template: dict, *needles: str) -> None:
+    problems = validate_pool_template("kubernetes", template, gpu=False)
+    assert len(problems) == 1 and all(n in problems[0] for n in needles), problems
 
 
 def test_gpu_limit_commands() -> None:
