@@ -17,6 +17,8 @@ from torch import nn
 from drafters import masks
 from drafters.eagle3.loss import TTTLoss, combine, depth_term
 from drafters.eagle3.model import Eagle3Drafter, shift_left
+from drafters.layers import HeadLossCall
+from kernels import Target
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
@@ -69,19 +71,47 @@ def anchored_loss(
     position_mask_BS: torch.Tensor,
     decay: float,
 ) -> TTTLoss:
-    """Forward KL to the target at p = a + 1 + d, over kept slots whose p counts; mean per depth, decayed."""
-    B, S = position_mask_BS.shape
-    rows = torch.arange(B, device=anchors_BN.device)[:, None].expand_as(anchors_BN)
+    """Forward KL to the target at p = a + 1 + d, over kept slots whose p counts; mean per depth, decayed.
+    The reference of `anchored_loss_fused` (it builds the `[n, Vd]` logits)."""
     terms = []
     for d, hidden in enumerate(step_hidden):
-        p = anchors_BN + 1 + d
-        pc = p.clamp(max=S - 1)
-        valid = keep_BN & (p < S) & position_mask_BS[rows, pc]
+        valid, b, p = _depth_slots(anchors_BN, keep_BN, position_mask_BS, d)
         with torch.no_grad():
-            target = (
-                (last_hidden_BSHt[rows[valid], pc[valid]].to(draft_head_VdHt.dtype) @ draft_head_VdHt.T)
-                .float()
-                .log_softmax(-1)
-            )
+            target = (last_hidden_BSHt[b, p].to(draft_head_VdHt.dtype) @ draft_head_VdHt.T).float().log_softmax(-1)
         terms.append(depth_term(model.logits(hidden[valid]).float(), target))
+    return combine(terms, decay)
+
+
+def _depth_slots(anchors_BN: torch.Tensor, keep_BN: torch.Tensor, position_mask_BS: torch.Tensor, d: int):
+    """Depth d's counted slots: the mask `[B, N]` over anchor slots, and their (row, position) `[n]` each,
+    position p = anchor + 1 + d."""
+    B, S = position_mask_BS.shape
+    rows = torch.arange(B, device=anchors_BN.device)[:, None].expand_as(anchors_BN)
+    p = anchors_BN + 1 + d
+    pc = p.clamp(max=S - 1)
+    valid = keep_BN & (p < S) & position_mask_BS[rows, pc]
+    return valid, rows[valid], pc[valid]
+
+
+def anchored_loss_fused(
+    model: Eagle3Drafter,
+    step_hidden: list[torch.Tensor],
+    anchors_BN: torch.Tensor,
+    keep_BN: torch.Tensor,
+    last_hidden_BSHt: torch.Tensor,
+    draft_head_VdHt: torch.Tensor,
+    position_mask_BS: torch.Tensor,
+    decay: float,
+) -> TTTLoss:
+    """`anchored_loss` through the fused head loss: neither the draft nor the target logits `[n, Vd]` are
+    materialised (the target's come from `last_hidden @ draft_head.T` a chunk of rows at a time)."""
+    terms = []
+    for d, hidden in enumerate(step_hidden):
+        valid, b, p = _depth_slots(anchors_BN, keep_BN, position_mask_BS, d)
+        x = model.norm(hidden[valid])
+        n = x.shape[0]
+        mean = torch.full((n,), 1.0 / max(n, 1), device=x.device)
+        target = Target(hidden=last_hidden_BSHt[b, p], head=draft_head_VdHt)
+        out = model.lm_head.fused_loss(x, HeadLossCall(target=target, w_soft=mean))
+        terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n)))
     return combine(terms, decay)

@@ -73,7 +73,7 @@ def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, g
                 batch["loss_mask"], a.num_anchors, cfg.ttt_depth, a.max_gap, generator
             )
             hidden = anchored.anchored_hidden(model, ids, feats, anchor_BN, keep_BN, cfg.ttt_depth)
-            return anchored.anchored_loss(
+            return anchored.anchored_loss_fused(
                 model, hidden, anchor_BN, keep_BN, batch["last_hidden"], draft_head, mask, cfg.depth_decay
             )
         hidden = model.ttt_hidden(ids, feats, cfg.ttt_depth)

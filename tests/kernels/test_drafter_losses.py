@@ -90,3 +90,26 @@ def test_eagle3_fused_ttt_equals_the_logits_path(interpreter):
     with kernels.use("triton"):
         got = _grads(model, h, lambda: ttt_loss_fused(model, steps(), last, head, mask, 0.8))
     _same(got, ref)
+
+
+def test_eagle3_fused_anchored_loss_equals_the_logits_path(interpreter):
+    """The Kimi K3 EAGLE-3 recipe trains anchored: its loss goes through the fused head too."""
+    from drafters.anchors import strided_anchors
+    from drafters.eagle3.anchored import anchored_hidden, anchored_loss, anchored_loss_fused
+    from tests.unit.test_anchored_ttt import DEPTH, _batch
+
+    model = eagle3_drafter(norm_output=True, fc_norm=True).train()
+    ids, feats, loss_mask, in_draft, last, head = _batch(seed=3)
+    mask = position_mask(loss_mask, in_draft)
+    anchors, keep = strided_anchors(mask, 5, DEPTH, max_gap=2, generator=torch.Generator().manual_seed(4))
+    h = feats.clone().requires_grad_(True)
+
+    def run(loss_fn):
+        hidden = anchored_hidden(model, ids, h, anchors, keep, DEPTH)
+        return loss_fn(model, hidden, anchors, keep, last, head, mask, 0.8)
+
+    ref = _grads(model, h, lambda: run(anchored_loss))
+    with kernels.use("triton"):
+        got = _grads(model, h, lambda: run(anchored_loss_fused))
+    assert int(got[0].step_count.sum()) > 0
+    _same(got, ref)
