@@ -62,7 +62,7 @@ async def _artifact(key: str):
     return found[0] if found else None
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)  # four pipeline runs; a guard against hangs, not a speed goal
 def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     run_dir = str(tmp_path / "run")
     first = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
