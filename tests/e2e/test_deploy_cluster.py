@@ -112,17 +112,24 @@ def _refused_job_variable(server: Server, tmp_path: Path) -> None:
 def _occupy_gpus(server: Server) -> None:
     """`gpu_slots` of a 4-GPU stage holds 4 slots of `gpu:gb200`; 13 more do not fit until it lets go."""
     from prefect.concurrency.sync import concurrency
+    from prefect.events.worker import EventsWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     name = gpu_limit_name("gb200")
     url = f"{server.api_url}/v2/concurrency_limits/{name}"
     with temporary_settings({PREFECT_API_URL: server.api_url}):
-        with gpu_slots(Resources(work_pool="gb200", gpus=4)):
-            assert get_json(url)["active_slots"] == 4
-            with pytest.raises(TimeoutError):
-                with concurrency(name, occupy=13, timeout_seconds=1, strict=True):
-                    pass
-        assert get_json(url)["active_slots"] == 0
+        try:
+            with gpu_slots(Resources(work_pool="gb200", gpus=4)):
+                assert get_json(url)["active_slots"] == 4
+                with pytest.raises(TimeoutError):
+                    with concurrency(name, occupy=13, timeout_seconds=1, strict=True):
+                        pass
+            assert get_json(url)["active_slots"] == 0
+        finally:
+            # The slots emit events through a process-wide EventsWorker bound to this server. Drained and
+            # stopped while the server is up, so a later test's server gets a fresh worker, not a dead URL
+            # (test_flow's task runs, recorded from events, went missing otherwise).
+            EventsWorker.drain_all()
 
 
 def _cli_commands_see_the_same_pool(server: Server) -> None:
