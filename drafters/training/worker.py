@@ -6,9 +6,11 @@ shards the drafter, resumes from the newest complete checkpoint and trains its o
 """
 
 import argparse
+import gc
 import json
 import logging
 import os
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -116,9 +118,29 @@ def main(argv: list[str] | None = None) -> None:
         if d.is_main:
             log.info("train: rank 0 of %d, %d steps, resuming at step %d", d.world, batches.total_steps, start)
         run.train(job, cfg, d, built, trainer, batches, start)
+        dist.barrier()  # every rank is past its last collective before any rank tears the group down
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    del built, trainer, batches
+    gc.collect()
+    _exit_without_finalizing()
+
+
+def _exit_without_finalizing() -> None:
+    """Leave a finished rank with `os._exit(0)`: everything it wrote is closed and renamed into place by now.
+
+    A gloo worker thread can still drop its last tensors while CPython finalizes. Those tensors hold
+    Python references, the thread takes the GIL, CPython ends the thread with a forced unwind, and a
+    noexcept C++ frame turns that into "terminate called without an active exception" (SIGABRT). The CI
+    saw it once in a 2-rank run, after every step and the export had succeeded. torch has no fix yet
+    (pytorch#179291 was abandoned). Skipping finalization skips the race, and a finished rank has no
+    atexit work left.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
