@@ -52,8 +52,8 @@ def _check_deployments(server: Server, left_out: list[str]) -> None:
     for kind in ["eagle3", "dflash2", "dspark"]:
         recipe = load_recipe(RECIPES / f"kimi-k3-{kind}.yaml")
         dep = get_json(f"{server.api_url}/deployments/name/kimi-k3/{kind}")
-        assert (dep["work_pool_name"], dep["entrypoint"]) == ("gb200-train", "flows/pipeline.py:kimi_k3")
-        assert dep["job_variables"]["gpu_count"] == 4 and dep["job_variables"]["nnodes"] == 2
+        assert (dep["work_pool_name"], dep["entrypoint"]) == ("cpu", "flows/pipeline.py:kimi_k3")
+        assert dep["job_variables"]["cpu_request"] == str(recipe.tokenize.resources.cpus)
         assert dep["global_concurrency_limit"]["limit"] == 1
         assert PipelineConfig.model_validate(dep["parameters"]["config"]) == recipe
         assert dep["pull_steps"] == [
@@ -61,6 +61,10 @@ def _check_deployments(server: Server, left_out: list[str]) -> None:
         ]
         stage = get_json(f"{server.api_url}/deployments/name/hidden-states/kimi-k3-{kind}")
         assert (stage["work_pool_name"], stage["job_variables"]["gpu_count"]) == ("gb200", 4)
+    for pool in ["cpu", "gb200", "gb200-train"]:  # where the pipeline dispatches the stages of other pools
+        dep = get_json(f"{server.api_url}/deployments/name/stage/{pool}")
+        assert (dep["work_pool_name"], dep["entrypoint"], dep["parameters"]) == (pool, "flows/stages.py:stage_flow", {})
+        assert set(dep["parameter_openapi_schema"]["required"]) == {"config", "stage", "run_dir"}
     if "nightly-regression" in left_out:
         return
     [nightly] = [
@@ -202,7 +206,8 @@ def test_cluster_deploy_validates_on_a_server_idempotently(prefect_server: Serve
         for line in first.splitlines()
         if re.match(r"(work pool|concurrency limit|result storage|deployment) ", line)
     ]
-    assert len(lines) == 6 + 6 + (0 if "nightly-regression" in left_out else 1), first
+    # The pools and their limits (6 lines), 9 deployments, and the nightly unless it was left out.
+    assert len(lines) == 6 + 9 + (0 if "nightly-regression" in left_out else 1), first
     assert all(re.search(r"\s(created|created \(\d+ slots\))$", line) for line in lines), first
     _check_pools(server)
     _check_deployments(server, left_out)

@@ -1,8 +1,11 @@
 """`kimi-k3/dspark` as a user runs it on a laptop: a Prefect server on loopback, `draftsmith deploy --local`
-(the `local` process pool from its template, its limit, every deployment of prefect.local.yaml), then
+(the local process pools from their templates, their limits, every deployment of prefect.local.yaml), then
 `prefect deployment run kimi-k3/dspark` with the tiny recipe as a DSpark drafter, executed by a
-`prefect worker start --run-once`. The flow run, its artifacts and the run folder are read back through the
-Prefect API and the disk. Every subprocess is the venv's, talking to 127.0.0.1 only.
+`prefect worker start --run-once` on `local`. The recipe puts regeneration, hidden states and training on
+`local-gpu`, as the Kimi recipes put them on GPU pools, so the flow run dispatches those stages as
+`stage/local-gpu` flow runs, which a long-lived worker on that pool executes. The flow runs, their artifacts
+and the run folder are read back through the Prefect API and the disk. Every subprocess is the venv's,
+talking to 127.0.0.1 only.
 """
 
 import json
@@ -36,6 +39,10 @@ LOCAL_FILE = ROOT / "deployments" / "prefect.local.yaml"
 RECIPES = ROOT / "deployments" / "recipes"
 WORKER_TIMEOUT_S = 480
 STAGES = ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]
+# The stages the test recipe puts on the second pool, as the Kimi recipes put them on GPU pools.
+ELSEWHERE = ["regenerate", "hidden_states", "train"]
+# Workers poll every 15 s by default; a stage run would wait that long to start.
+POLL = {"PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "2"}
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,23 +62,31 @@ def tiny_dspark_recipe() -> dict:
     recipe["name"] = "tiny-cpu-dspark"
     # The held-out prompts only: the built-in suites would add minutes of CPU decoding and no new code path.
     recipe["evaluate"]["suites"] = []
+    for stage in ELSEWHERE:
+        recipe[stage].setdefault("resources", {})["work_pool"] = "local-gpu"
     PipelineConfig.model_validate(recipe)
     return recipe
 
 
-def _run_worker(server: Server, log: Path, cwd: Path) -> int:
-    """`prefect worker start --run-once` on `local`, output to `log`; stopped by PID (two SIGTERMs) however it ends."""
+def _start_worker(server: Server, pool: str, log: Path, cwd: Path, *, run_once: bool) -> subprocess.Popen:
+    """`prefect worker start` on `pool`, output to `log`, in `cwd`: anywhere but the repository, so only the
+    deployment's pull step may lead a flow run there."""
+    argv = [str(PREFECT), "worker", "start", "--pool", pool, "--type", "process"] + (["--run-once"] if run_once else [])
     with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [str(PREFECT), "worker", "start", "--pool", "local", "--type", "process", "--run-once"],
-            # Anywhere but the repository: only the deployment's pull step may lead the run there.
+        return subprocess.Popen(
+            argv,
             cwd=cwd,
-            env=server.env,
+            env=server.env | POLL,
             stdout=fh,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+
+def _run_worker(server: Server, log: Path, cwd: Path) -> int:
+    """A `--run-once` worker on `local`; stopped by PID (two SIGTERMs) however it ends."""
+    proc = _start_worker(server, "local", log, cwd, run_once=True)
     try:
         return proc.wait(timeout=WORKER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -82,10 +97,13 @@ def _run_worker(server: Server, log: Path, cwd: Path) -> int:
 
 def _check_deployed(server: Server, out: str) -> None:
     """What `draftsmith deploy --local` left on the server: the pool from its template, the deployments."""
-    assert re.search(r"work pool\s+local\s+created", out), out
-    pool = get_json(f"{server.api_url}/work_pools/local")
-    assert (pool["type"], pool["concurrency_limit"]) == ("process", 1)
-    assert pool["base_job_template"] == load_base_job_template("local")
+    for name in ("local", "local-gpu"):
+        assert re.search(rf"work pool\s+{name}\s+created", out), out
+        pool = get_json(f"{server.api_url}/work_pools/{name}")
+        assert (pool["type"], pool["concurrency_limit"]) == ("process", 1)
+        assert pool["base_job_template"] == load_base_job_template(name)
+    stage = get_json(f"{server.api_url}/deployments/name/stage/local-gpu")
+    assert (stage["entrypoint"], stage["work_pool_name"]) == ("flows/stages.py:stage_flow", "local-gpu")
     dep = get_json(f"{server.api_url}/deployments/name/kimi-k3/dspark")
     assert (dep["entrypoint"], dep["work_pool_name"]) == ("flows/pipeline.py:kimi_k3", "local")
     assert dep["parameters"]["config"] == yaml.safe_load((RECIPES / "smollm2-cpu-dspark.yaml").read_text())
@@ -103,11 +121,27 @@ def _check_deployed(server: Server, out: str) -> None:
     assert train_fields["lr"]["description"] and dep["enforce_parameter_schema"]
 
 
-def _artifacts(server: Server, flow_run_id: str) -> list[dict]:
-    """Every artifact of the flow run and of its subflow runs, through the API."""
+def _descendants(server: Server, flow_run_id: str) -> list[dict]:
+    """The flow runs started under this one (subflows and dispatched stages), and theirs, through the API."""
     children = _post(server, "flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
-    ids = [flow_run_id] + [c["id"] for c in children]
+    return children + [d for c in children for d in _descendants(server, c["id"])]
+
+
+def _artifacts(server: Server, ids: list[str]) -> list[dict]:
     return _post(server, "artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
+
+
+def _check_dispatched(server: Server, flow_run_id: str, descendants: list[dict]) -> None:
+    """The stages of `local-gpu` ran as `stage/local-gpu` flow runs there, Completed; the rest ran in the parent."""
+    stage_dep = get_json(f"{server.api_url}/deployments/name/stage/local-gpu")["id"]
+    dispatched = {r["name"]: r for r in descendants if r["deployment_id"] == stage_dep}
+    assert sorted(dispatched) == sorted(f"{s}[tiny-cpu-dspark]" for s in ELSEWHERE), [r["name"] for r in descendants]
+    for run in dispatched.values():
+        assert (run["work_pool_name"], run["state"]["type"]) == ("local-gpu", "COMPLETED"), run["name"]
+        assert run["parameters"]["stage"] in ELSEWHERE and run["parameters"]["expected"], run["parameters"]
+    tasks = _post(server, "task_runs/filter", {"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}})
+    here = {t["name"].partition("[")[0] for t in tasks}
+    assert {"select-prompts", "tokenize", "evaluate"} <= here and not here & {"regenerate", "train"}, sorted(here)
 
 
 def _post(server: Server, path: str, body: dict) -> list[dict]:
@@ -138,8 +172,14 @@ def test_local_deploy_then_dspark_runs_tiny_recipe_on_process_worker(prefect_ser
 
     (worker_cwd := tmp_path / "worker-cwd").mkdir()
     t1 = time.monotonic()
-    worker_rc = _run_worker(server, tmp_path / "worker.log", worker_cwd)
-    worker_out = tail(tmp_path / "worker.log")
+    gpu_worker = _start_worker(server, "local-gpu", tmp_path / "worker-gpu.log", worker_cwd, run_once=False)
+    try:
+        worker_rc = _run_worker(server, tmp_path / "worker.log", worker_cwd)
+    finally:
+        stop(gpu_worker, sigterms=2)
+    worker_out = (
+        tail(tmp_path / "worker.log", 6000) + "\n--- local-gpu worker ---\n" + tail(tmp_path / "worker-gpu.log", 6000)
+    )
     print(f"worker exited {worker_rc} after {time.monotonic() - t1:.1f} s; output:\n{worker_out}")
 
     flow_run = get_json(f"{server.api_url}/flow_runs/{flow_run_id}")
@@ -151,7 +191,10 @@ def test_local_deploy_then_dspark_runs_tiny_recipe_on_process_worker(prefect_ser
     assert worker_rc == 0, f"worker exited {worker_rc}:\n{worker_out}"
     assert flow_run["name"] == "tiny-cpu-dspark" and flow_run["parameters"]["run_dir"] == str(run_dir)
 
-    artifacts = {a["key"]: a for a in _artifacts(server, flow_run_id) if a.get("key")}
+    descendants = _descendants(server, flow_run_id)
+    _check_dispatched(server, flow_run_id, descendants)
+    ids = [flow_run_id] + [r["id"] for r in descendants]
+    artifacts = {a["key"]: a for a in _artifacts(server, ids) if a.get("key")}
     assert "select-report" in artifacts, sorted(artifacts)
     train = [a for k, a in artifacts.items() if k.startswith("train-")]
     assert len(train) == 1 and "loss" in train[0]["data"].lower(), sorted(artifacts)

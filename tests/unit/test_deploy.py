@@ -36,6 +36,7 @@ def test_committed_inventory_settings() -> None:
     inventory = load_inventory()
     assert {name: spec.type for name, spec in inventory.pools.items()} == {
         "local": "process",
+        "local-gpu": "process",
         "cpu": "kubernetes",
         "gb200": "kubernetes",
         "gb200-train": "kubernetes",
@@ -111,7 +112,7 @@ def test_prefect_file_problems_are_named(tmp_path: Path) -> None:
 
 def test_pools_used_in_first_use_order() -> None:
     doc = yaml.safe_load(PREFECT_FILE.read_text())
-    assert pools_used(doc["deployments"], load_inventory(), PREFECT_FILE) == ["gb200-train", "gb200", "cpu"]
+    assert pools_used(doc["deployments"], load_inventory(), PREFECT_FILE) == ["cpu", "gb200", "gb200-train"]
 
 
 def test_deploy_refuses_before_touching_a_server(tmp_path: Path, monkeypatch) -> None:
@@ -119,7 +120,7 @@ def test_deploy_refuses_before_touching_a_server(tmp_path: Path, monkeypatch) ->
     doc = yaml.safe_load(PREFECT_FILE.read_text())
     doc["deployments"] = [d for d in doc["deployments"] if d["entrypoint"] != "flows/nightly.py:nightly_regression"]
     path = _write(tmp_path, "prefect.yaml", doc)
-    with pytest.raises(DeployError, match=r"--gpus \['cpu'\]: not GPU pools of .* \['gb200-train', 'gb200'\]"):
+    with pytest.raises(DeployError, match=r"--gpus \['cpu'\]: not GPU pools of .* \['gb200', 'gb200-train'\]"):
         deploy(path, local=False, gpus={"cpu": 4})
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

@@ -18,6 +18,7 @@ RECIPES = ROOT / "deployments" / "recipes"
 FILES = {"cluster": PREFECT_FILE, "local": LOCAL_PREFECT_FILE}
 PIPELINE = "flows/pipeline.py:kimi_k3"
 HIDDEN = "flows/hidden_states.py:hidden_states_flow"
+STAGE = "flows/stages.py:stage_flow"
 NIGHTLY = "flows/nightly.py:nightly_regression"
 # prefect deploy ignores keys it does not know; these are the ones it reads (prefect.cli.deploy._models).
 DEPLOYMENT_KEYS = {
@@ -30,7 +31,7 @@ def _deployments(kind: str) -> list[dict]:
 
 
 def _full_names(kind: str) -> set[str]:
-    flows = {PIPELINE: "kimi-k3", HIDDEN: "hidden-states", NIGHTLY: None}
+    flows = {PIPELINE: "kimi-k3", HIDDEN: "hidden-states", STAGE: "stage", NIGHTLY: None}
     return {
         f"{flows[d['entrypoint']]}/{d['name']}" if flows[d["entrypoint"]] else d["name"] for d in _deployments(kind)
     }
@@ -42,9 +43,10 @@ def test_inlined_configs_are_their_recipes_verbatim(kind: str) -> None:
     checked = 0
     for dep in _deployments(kind):
         assert set(dep) <= DEPLOYMENT_KEYS, f"{dep['name']}: unknown keys {set(dep) - DEPLOYMENT_KEYS}"
-        assert dep["entrypoint"] in {PIPELINE, HIDDEN, NIGHTLY}, dep["name"]
-        if dep["entrypoint"] == NIGHTLY:
-            assert "parameters" not in dep, "nightly-regression runs on its flow's committed defaults"
+        assert dep["entrypoint"] in {PIPELINE, HIDDEN, STAGE, NIGHTLY}, dep["name"]
+        if dep["entrypoint"] in (NIGHTLY, STAGE):
+            # The nightly runs on its flow's committed defaults; a stage run gets its parameters from its parent.
+            assert "parameters" not in dep, dep["name"]
             continue
         params = PipelineConfig.model_validate(dep["parameters"]["config"])
         assert params == load_recipe(RECIPES / f"{params.name}.yaml"), dep["name"]
@@ -55,7 +57,8 @@ def test_inlined_configs_are_their_recipes_verbatim(kind: str) -> None:
 @pytest.mark.parametrize("kind", FILES)
 def test_parameters_pass_the_servers_schema_check(kind: str) -> None:
     """What the server runs on `prefect deploy` (enforce_parameter_schema): YAML's bare `on` would fail here."""
-    schemas = {e: parameter_schema_from_entrypoint(f"{ROOT}/{e}").model_dump_for_openapi() for e in (PIPELINE, HIDDEN)}
+    entrypoints = (PIPELINE, HIDDEN, STAGE)
+    schemas = {e: parameter_schema_from_entrypoint(f"{ROOT}/{e}").model_dump_for_openapi() for e in entrypoints}
     for dep in _deployments(kind):
         if "parameters" in dep:
             validate(dep["parameters"], schemas[dep["entrypoint"]], raise_on_error=True, ignore_required=True)
@@ -73,29 +76,42 @@ def test_both_files_define_the_same_deployment_names() -> None:
 
 
 def test_cluster_deployments_sit_on_the_pools_their_recipes_name() -> None:
-    """The whole flow runs where its train stage runs (pod 0 of gb200-train); the hidden-state stage alone on its
-    own pool; both with the GPUs and nodes the recipe asks for. The nightly runs on the CPU stages' pool."""
+    """The pipeline runs on its CPU stages' pool, sized for the largest; every other stage's pool has a `stage`
+    deployment to dispatch it to; the hidden-state stage alone sits on its own pool. The nightly runs on `cpu`."""
+    stage_pools = {d["work_pool"]["name"] for d in _deployments("cluster") if d["entrypoint"] == STAGE}
     for dep in _deployments("cluster"):
         pool, job_vars = dep["work_pool"]["name"], dep["work_pool"]["job_variables"]
-        if dep["entrypoint"] == NIGHTLY:
-            cpu_pools = {load_recipe(RECIPES / f"kimi-k3-{k}.yaml").tokenize.resources.work_pool for k in ("eagle3",)}
-            assert {pool} == cpu_pools
+        if dep["entrypoint"] in (NIGHTLY, STAGE):
             continue
         cfg = PipelineConfig.model_validate(dep["parameters"]["config"])
-        stage = cfg.train if dep["entrypoint"] == PIPELINE else cfg.hidden_states
-        assert pool == stage.resources.work_pool, dep["name"]
-        assert job_vars["gpu_count"] == stage.resources.gpus, dep["name"]
-        if dep["entrypoint"] == PIPELINE:
-            assert job_vars["nnodes"] == cfg.train.resources.nodes == cfg.train.distributed.nnodes, dep["name"]
-            assert dep["concurrency_limit"] == 1, "two runs of one recipe would share its run folder"
+        if dep["entrypoint"] == HIDDEN:
+            assert pool == cfg.hidden_states.resources.work_pool, dep["name"]
+            assert job_vars["gpu_count"] == cfg.hidden_states.resources.gpus, dep["name"]
+            continue
+        cpu_stages = [cfg.select.resources, cfg.tokenize.resources]
+        assert {r.work_pool for r in cpu_stages} == {pool} == {"cpu"}, dep["name"]
+        assert job_vars["cpu_request"] == str(max(r.cpus for r in cpu_stages)), dep["name"]
+        assert job_vars["memory_request"] == f"{max(r.memory_gb for r in cpu_stages)}Gi", dep["name"]
+        assert dep["concurrency_limit"] == 1, "two runs of one recipe would share its run folder"
+        others = {getattr(cfg, s).resources.work_pool for s in ("regenerate", "hidden_states", "train", "evaluate")}
+        assert others == {"gb200", "gb200-train"} and others <= stage_pools, dep["name"]
+    nightly = [d for d in _deployments("cluster") if d["entrypoint"] == NIGHTLY]
+    assert [d["work_pool"]["name"] for d in nightly] == ["cpu"]
 
 
-def test_local_deployments_sit_on_the_pool_the_cpu_recipes_default_to() -> None:
+def test_local_deployments_sit_on_the_local_pools() -> None:
+    """The pipelines on `local`, their recipes all on `local` too; a `stage` deployment for each local pool."""
+    stage_pools = set()
     for dep in _deployments("local"):
-        assert dep["work_pool"]["name"] == "local", dep["name"]
+        pool = dep["work_pool"]["name"]
+        if dep["entrypoint"] == STAGE:
+            stage_pools.add(pool)
+            continue
+        assert pool == "local", dep["name"]
         if "parameters" in dep:
             cfg = PipelineConfig.model_validate(dep["parameters"]["config"])
             assert {cfg.select.resources.work_pool, cfg.train.resources.work_pool} == {"local"}
+    assert stage_pools == {"local", "local-gpu"}
 
 
 @pytest.mark.parametrize("kind", FILES)

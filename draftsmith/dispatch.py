@@ -1,0 +1,176 @@
+"""Where a stage runs: in this flow run, or as a flow run of the `stage/<pool>` deployment on its own pool.
+
+Each stage's recipe section names a work pool (`<stage>.resources.work_pool`). A `kimi-k3` flow run started by
+a deployment runs on one pool (the cluster's: `cpu`); a stage of another pool (regeneration and hidden states
+on `gb200`, training on `gb200-train`) is dispatched there with `run_deployment`, sized by the stage's
+`resources` through the pool's job variables, and the parent waits for it. A flow run called directly (`make
+run`, tests, the nightly regression's subflows) has no pool, so every stage runs in it.
+
+The dispatched run reads its inputs from the run folder: the upstream stages' manifests, which must carry the
+keys the parent passed (so a run folder changed in between fails loudly instead of training on other data).
+Its stage folder holds the manifest the parent then reads back. `run_dir` must therefore be storage both
+pools reach: S3 on a cluster, a local folder on one machine.
+"""
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from draftsmith import storage
+from draftsmith.config import PipelineConfig
+from draftsmith.config.stages import Resources
+from draftsmith.manifest import StageManifest
+from draftsmith.stage import load_manifest
+
+log = logging.getLogger(__name__)
+
+STAGE_FLOW = "stage"
+# Each stage's inputs, by the upstream stages whose manifests it reads (pipeline order).
+UPSTREAM: dict[str, tuple[str, ...]] = {
+    "select_prompts": (),
+    "regenerate": ("select_prompts",),
+    "tokenize": ("regenerate",),
+    "hidden_states": ("tokenize",),
+    "train": ("tokenize", "hidden_states"),
+    "evaluate": ("select_prompts", "train"),
+}
+STAGES = tuple(UPSTREAM)
+
+
+class DispatchError(RuntimeError):
+    """A stage that could not be run on its pool, or whose inputs in the run folder are not the expected ones."""
+
+
+def resources(config: PipelineConfig, stage: str) -> Resources:
+    """`config.<stage>.resources`: where the stage runs and how big its job is."""
+    section = {"select_prompts": config.select}.get(stage) or getattr(config, stage)
+    return section.resources
+
+
+def skipped(config: PipelineConfig, stage: str) -> bool:
+    """Online hidden states are streamed to the trainer by its own producers; there is no stage to run."""
+    return stage == "hidden_states" and config.hidden_states.mode == "online"
+
+
+def current_pool() -> str | None:
+    """The work pool of this flow run, or None outside a run or for a run no worker started (direct calls)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.id
+    if not run_id:
+        return None
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id).work_pool_name
+
+
+def job_variables(resources: Resources, declared: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's `resources` as the job variables its pool's template declares (`declared`: the template's
+    `variables.properties`); a process pool declares none of them, so it gets none."""
+    wanted = {
+        "gpu_count": resources.gpus,
+        "nnodes": resources.nodes,
+        "cpu_request": str(resources.cpus),
+        "memory_request": f"{resources.memory_gb}Gi",
+        "memory_limit": f"{resources.memory_gb}Gi",
+    }
+    return {k: v for k, v in wanted.items() if k in declared}
+
+
+def upstream_keys(stage: str, done: Mapping[str, StageManifest | None]) -> dict[str, str]:
+    """`{upstream stage: manifest key}` of the finished inputs of `stage` (a skipped one has none)."""
+    return {name: m.key for name in UPSTREAM[stage] if (m := done.get(name)) is not None}
+
+
+def finished_inputs(config: PipelineConfig, stage: str, run_dir: str, expected: Mapping[str, str]) -> dict:
+    """The upstream manifests of `stage` read from `run_dir`, each checked to hold the key the parent expects.
+
+    Returns `{upstream stage: StageManifest | None}` (None for a skipped stage).
+    """
+    inputs: dict[str, StageManifest | None] = {}
+    for name in UPSTREAM[stage]:
+        if skipped(config, name):
+            inputs[name] = None
+            continue
+        url = storage.join(run_dir, name)
+        manifest = load_manifest(url)
+        if manifest is None or not manifest.artifacts_present():
+            raise DispatchError(
+                f"stage {stage}: its input {name} is not finished under {url} (manifest.json with all its files)"
+            )
+        want = expected.get(name)
+        if want is not None and manifest.key != want:
+            raise DispatchError(
+                f"stage {stage}: {url}/manifest.json has key {manifest.key[:12]}, but the flow run that dispatched "
+                f"this stage finished {name} with key {want[:12]}; was the run folder changed in between?"
+            )
+        inputs[name] = manifest
+    return inputs
+
+
+def run_stage(
+    config: PipelineConfig,
+    stage: str,
+    run_dir: str,
+    done: Mapping[str, StageManifest | None],
+    here: Callable[[PipelineConfig, str, str, Mapping[str, StageManifest | None]], StageManifest | None],
+    pool: str | None,
+) -> StageManifest | None:
+    """Run `stage` in this process (`here(config, stage, run_dir, inputs)`) when it belongs to `pool` (this
+    run's; None: no pool), else as a `stage/<its pool>` flow run; returns its manifest (None if skipped)."""
+    if skipped(config, stage):
+        return None
+    inputs = {name: done.get(name) for name in UPSTREAM[stage]}
+    target = resources(config, stage).work_pool
+    if pool is None or target == pool:
+        return here(config, stage, run_dir, inputs)
+    return remote(config, stage, run_dir, upstream_keys(stage, done))
+
+
+def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str, str]) -> StageManifest:
+    """Run `stage` as a flow run of `stage/<pool>`, wait for it, and read its manifest back from `run_dir`."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    res = resources(config, stage)
+    field = f"{'select' if stage == 'select_prompts' else stage}.resources.work_pool"
+    deployment = f"{STAGE_FLOW}/{res.work_pool}"
+    if storage.is_local(run_dir):
+        run_dir = os.path.abspath(run_dir)  # the other worker need not start in this directory
+    params = {"config": config.model_dump(mode="json"), "stage": stage, "run_dir": run_dir, "expected": expected}
+    try:
+        variables = job_variables(res, _declared_variables(res.work_pool))
+        log.info("%s: on pool %s (deployment %s, job variables %s)", stage, res.work_pool, deployment, variables)
+        child = run_deployment(
+            deployment,
+            parameters=params,
+            job_variables=variables,
+            flow_run_name=f"{stage}[{config.name}]",
+            timeout=None,
+        )
+    except ObjectNotFound as exc:
+        raise DispatchError(
+            f"stage {stage}: {field} is {res.work_pool!r}, which is not this flow run's pool, and the server has no "
+            f"work pool or deployment {deployment!r} to run it there; `draftsmith deploy` creates both"
+        ) from exc
+    state = child.state
+    if state is None or not state.is_completed():
+        name = state.name if state else "without a state"
+        raise DispatchError(
+            f"stage {stage}: flow run {child.name} ({child.id}) on pool {res.work_pool} ended {name}: "
+            f"{(state.message if state else '') or 'no message'}"
+        )
+    url = storage.join(run_dir, stage)
+    manifest = load_manifest(url)
+    if manifest is None or not manifest.artifacts_present():
+        raise DispatchError(f"stage {stage}: flow run {child.name} completed, but {url} holds no finished manifest")
+    return manifest
+
+
+def _declared_variables(pool: str) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        template = client.read_work_pool(pool).base_job_template
+    return (template.get("variables") or {}).get("properties") or {}
