@@ -40,7 +40,10 @@ def nightly_regression(config: NightlyConfig | None = None) -> list[regression.C
             checks.append(regression.pipeline_failed(drafter, state.message or state.name))
     summary = regression.summary_markdown(checks, folder, notes)
     create_markdown_artifact(summary, key=regression.ARTIFACT_KEY, description="Nightly regression verdict")
-    get_run_logger().info(summary)
+    log = get_run_logger()
+    log.info(summary)
+    for url in regression.prune_nights(cfg.run_root, cfg.keep_nights):
+        log.info("nightly: deleted %s (keep_nights: %d)", url, cfg.keep_nights)
     failed = [c for c in checks if not c.passed]
     if failed:
         raise RegressionFailed(

@@ -9,6 +9,7 @@ A run's figures come from its train stage's `metrics.jsonl` (the loss per step) 
 import hashlib
 import json
 import math
+import re
 from datetime import UTC, datetime
 
 import torch
@@ -304,3 +305,21 @@ def summary_markdown(checks: list[Check], run_root: str, notes: dict[str, str]) 
 @task(name="regression", task_run_name="regression[{cfg.name}]", cache_policy=NO_CACHE)
 def judge_task(cfg: PipelineConfig, run_dir: str, baseline_dir: str, bands: Bands) -> list[Check]:
     return judge(cfg, run_dir, baseline_dir, bands)
+
+
+NIGHT_FOLDER = re.compile(r"^\d{8}T\d{6}Z$")  # what `flows.nightly.nightly_folder` names an unnamed night
+
+
+def prune_nights(run_root: str, keep: int) -> list[str]:
+    """Delete all but the newest `keep` timestamped night folders under `run_root` (0: keep all).
+
+    Only `YYYYMMDDTHHMMSSZ` folders count, so a named run (`run_name`) or anything else there is left alone.
+    Returns the deleted folders' URLs, oldest first.
+    """
+    if keep == 0:
+        return []
+    nights = sorted(n for n in storage.list_names(run_root) if NIGHT_FOLDER.match(n))
+    doomed = [storage.join(run_root, n) for n in nights[:-keep]]
+    for url in doomed:
+        storage.remove_tree(url)
+    return doomed

@@ -78,6 +78,12 @@ class NightlyConfig(StrictModel):
         description="Folder under `run_root` for this run's pipelines (`<run_root>/<run_name>/<recipe name>`). "
         "Null: the UTC start time, so every night trains afresh; a fixed name reuses that folder's finished stages.",
     )
+    keep_nights: int = Field(
+        14,
+        ge=0,
+        description="Timestamped night folders kept under `run_root` (this night's included); older ones are "
+        "deleted after the verdict, failed nights as well. 0 keeps every night. Named runs are never deleted.",
+    )
     overrides: dict[str, bool | int | float | str] = Field(
         default_factory=dict,
         description="Dotted recipe fields replaced in every nightly recipe, e.g. `{train.lr: 0.3}`, to see a "

@@ -227,3 +227,18 @@ def test_the_summary_note_says_whether_the_recipe_is_the_recorded_one(tmp_path, 
     note = regression.recipe_note(hot, str(tmp_path), {"train.lr": 0.3})
     assert "differs from the recipe recorded" in note and note.endswith("(overrides: train.lr=0.3)")
     assert regression.recipe_note(eagle3_recipe, str(tmp_path / "none"), {}) == "`nightly-eagle3`, no baseline recorded"
+
+
+def test_prune_nights_keeps_the_newest_timestamped_folders(tmp_path) -> None:
+    nights = ["20261127T020000Z", "20261128T020000Z", "20261129T020001Z", "20261130T020000Z"]
+    for name in [*nights, "night", "20261101-old"]:
+        (tmp_path / name / "nightly-eagle3").mkdir(parents=True)
+    assert regression.prune_nights(str(tmp_path), 0) == []
+    deleted = regression.prune_nights(str(tmp_path), 2)
+    assert deleted == [str(tmp_path / n) for n in nights[:2]]
+    # Named runs and foreign folders stay; a second prune has nothing left to do.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*nights[2:], "night", "20261101-old"])
+    assert regression.prune_nights(str(tmp_path), 2) == []
+    assert regression.prune_nights(str(tmp_path / "absent"), 2) == []
+    with pytest.raises(ValidationError, match="keep_nights"):
+        NightlyConfig(keep_nights=-1)
