@@ -20,7 +20,7 @@ n scored (slot, round) pairs.
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -30,6 +30,10 @@ CALIBRATION_FILE = "calibration.json"
 CONFIG_FIELD = "confidence_temperatures"
 DEFAULT_THRESHOLD = 0.5  # vLLM's default `dspark_confidence_threshold`
 DEFAULT_BINS = 15
+# A slot whose prefix survived in fewer rounds than this keeps T = 1. Only those rounds carry its signal (the others
+# are already settled failures), and a few dozen outcomes cannot pin a temperature: fitted on fewer, T ran to the
+# grid's ends (0.05 or 20) on the SmolLM2 DSpark drafter's late slots.
+DEFAULT_MIN_SURVIVORS = 30
 SCHEMA_VERSION = 1
 
 
@@ -207,13 +211,17 @@ def survival_pairs(
 
 
 def fit_temperatures(
-    records: Sequence[ConfidenceRecord], grid: Sequence[float] | torch.Tensor | None = None, bins: int = DEFAULT_BINS
+    records: Sequence[ConfidenceRecord],
+    grid: Sequence[float] | torch.Tensor | None = None,
+    bins: int = DEFAULT_BINS,
+    min_survivors: int = DEFAULT_MIN_SURVIVORS,
 ) -> torch.Tensor:
     """Sequential temperature scaling: `[Q]` temperatures, fitted slot by slot.
 
     T_k = the grid value that minimises the ECE of `prev * sigmoid(c_k / T)` against "prefix 0..k survived", with
     `prev` = the survival through slot k-1 under the already fitted T_0..T_{k-1}. Ties (flat ECE, e.g. saturated
-    logits) go to the value nearest 1, so a slot with no signal is left as the head trained it.
+    logits) go to the value nearest 1, so a slot with no signal is left as the head trained it. So is a slot whose
+    prefix 0..k-1 survived in fewer than `min_survivors` observed rounds: too few outcomes to fit on.
     """
     logits, survived, known = stack_records(records)
     g = default_grid() if grid is None else torch.as_tensor(grid, dtype=torch.float64).flatten()
@@ -221,6 +229,8 @@ def fit_temperatures(
         raise ValueError("grid: must be a non-empty list of finite temperatures > 0")
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"bins: must be a positive int, got {bins!r}")
+    if isinstance(min_survivors, bool) or not isinstance(min_survivors, int) or min_survivors < 0:
+        raise ValueError(f"min_survivors: must be an int >= 0, got {min_survivors!r}")
     # Nearest-to-1 first, so argmin's first minimum is the tie-break.
     g = g[torch.argsort(g.log().abs(), stable=True)]
     prev = torch.ones(logits.shape[0], dtype=torch.float64)
@@ -229,8 +239,12 @@ def fit_temperatures(
         rows = known[:, k]
         if not bool(rows.any()):
             raise ValueError(f"records: no round observed slot {k}; verify full blocks when collecting calibration")
-        candidates = prev[rows] * torch.sigmoid(logits[rows, k][None] / g[:, None])  # [G, n]
-        best = g[int(_ece_rows(candidates, survived[rows, k].to(torch.float64), bins).argmin())]
+        alive = rows if k == 0 else rows & survived[:, k - 1]
+        if int(alive.sum()) < min_survivors:
+            best = torch.tensor(1.0, dtype=torch.float64)
+        else:
+            candidates = prev[rows] * torch.sigmoid(logits[rows, k][None] / g[:, None])  # [G, n]
+            best = g[int(_ece_rows(candidates, survived[rows, k].to(torch.float64), bins).argmin())]
         fitted.append(float(best))
         prev = prev * torch.sigmoid(logits[:, k] / best)
     return torch.tensor(fitted, dtype=torch.float64)
@@ -243,7 +257,7 @@ class Calibration:
     ece_before / ece_after: ECE of the survival product over all observed (round, slot) pairs with T = 1 and with
     the fitted temperatures (None when only temperatures were imported from a foreign config). `sampling` records
     the decoding setting the records came from (e.g. {"temperature": 1.0, "top_p": 0.95}): acceptance depends on
-    it, so a calibration applies to that setting.
+    it, so a calibration applies to that setting. `min_survivors` is the fit's floor below which a slot kept T = 1.
     """
 
     temperatures: list[float]
@@ -253,6 +267,7 @@ class Calibration:
     ece_after: float | None = None
     n_records: int | None = None
     sampling: dict[str, float] = field(default_factory=dict)
+    min_survivors: int = DEFAULT_MIN_SURVIVORS
 
     def __post_init__(self) -> None:
         temps = list(self.temperatures)
@@ -290,7 +305,7 @@ class Calibration:
             raise ValueError(f"calibration.schema_version: {version} is not supported (expected {SCHEMA_VERSION})")
         if "temperatures" not in data:
             raise ValueError("calibration.temperatures: missing")
-        known = {"temperatures", "threshold", "bins", "ece_before", "ece_after", "n_records", "sampling"}
+        known = {f.name for f in fields(cls)}
         unknown = set(data) - known - {"schema_version", "method"}
         if unknown:
             raise ValueError(f"calibration: unknown fields {sorted(unknown)}")
@@ -314,12 +329,14 @@ def calibrate(
     grid: Sequence[float] | torch.Tensor | None = None,
     bins: int = DEFAULT_BINS,
     sampling: dict[str, float] | None = None,
+    min_survivors: int = DEFAULT_MIN_SURVIVORS,
 ) -> Calibration:
     """Fit the temperatures on `records` and measure the survival ECE before (T = 1) and after."""
-    temps = fit_temperatures(records, grid, bins)
+    temps = fit_temperatures(records, grid, bins, min_survivors)
     before = ece(*survival_pairs(records), bins=bins)
     after = ece(*survival_pairs(records, temps), bins=bins)
-    return Calibration(temps.tolist(), threshold, bins, before, after, len(records), dict(sampling or {}))
+    sampling = dict(sampling or {})
+    return Calibration(temps.tolist(), threshold, bins, before, after, len(records), sampling, min_survivors)
 
 
 def confidence_metrics(

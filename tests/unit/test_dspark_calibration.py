@@ -89,6 +89,23 @@ def test_cut_rounds_are_censored_not_counted_as_failures(miscalibrated):
     assert naive[2] > 2 * FACTORS[2]
 
 
+def test_slots_with_few_surviving_prefixes_keep_temperature_one(miscalibrated):
+    """Slot k is fitted on the rounds whose prefix 0..k-1 survived; below `min_survivors` of them it keeps T = 1."""
+    logits, accepted = (t[:200] for t in miscalibrated)
+    alive = [int((accepted >= k).sum()) for k in range(len(FACTORS))]  # survivors of prefix 0..k-1 (k=0: all)
+    floor = sorted(alive)[2] + 1  # the last three slots fall below it, the first two do not
+    fitted = fit_temperatures(to_records(logits, accepted), min_survivors=floor).tolist()
+    free = fit_temperatures(to_records(logits, accepted), min_survivors=0).tolist()
+    held = [k for k in range(len(FACTORS)) if alive[k] < floor]
+    assert held == [2, 3, 4], alive
+    assert [fitted[k] for k in held] == [1.0, 1.0, 1.0] and fitted[:2] == free[:2], (fitted, free)
+    assert free[2] != 1.0  # slot 2 is 3x overconfident: fitted freely, it moves
+    cal = calibrate(to_records(logits, accepted), min_survivors=floor)
+    assert Calibration.from_json(cal.to_json()) == cal and cal.min_survivors == floor
+    with pytest.raises(ValueError, match="min_survivors: must be an int >= 0"):
+        fit_temperatures(to_records(logits, accepted), min_survivors=-1)
+
+
 def test_stack_records_masks():
     zeros = torch.zeros(4)
     _, survived, known = stack_records(
