@@ -10,11 +10,20 @@ The dispatched run reads its inputs from the run folder: the upstream stages' ma
 keys the parent passed (so a run folder changed in between fails loudly instead of training on other data).
 Its stage folder holds the manifest the parent then reads back. `run_dir` must therefore be storage both
 pools reach: S3 on a cluster, a local folder on one machine.
+
+A rerun does not schedule a pod to learn that nothing changed: after a dispatched stage finishes, the parent
+records its request (recipe, stage, upstream keys and a hash of this checkout's code) and the manifest key in
+`<run_dir>/.dispatch/<stage>.json`, and the next identical request with that manifest intact is answered from
+the folder.
 """
 
+import functools
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from draftsmith import storage
@@ -26,6 +35,10 @@ from draftsmith.stage import load_manifest
 log = logging.getLogger(__name__)
 
 STAGE_FLOW = "stage"
+RECORDS = ".dispatch"
+ROOT = Path(__file__).resolve().parents[1]
+# Everything a stage's flow run executes; a change anywhere in them re-dispatches finished stages.
+CODE_DIRS = ("draftsmith", "flows", "tasks", "drafters", "engines", "transport", "evals", "kernels")
 # Each stage's inputs, by the upstream stages whose manifests it reads (pipeline order).
 UPSTREAM: dict[str, tuple[str, ...]] = {
     "select_prompts": (),
@@ -139,6 +152,11 @@ def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str,
     if storage.is_local(run_dir):
         run_dir = os.path.abspath(run_dir)  # the other worker need not start in this directory
     params = {"config": config.model_dump(mode="json"), "stage": stage, "run_dir": run_dir, "expected": expected}
+    request = request_fingerprint(params)
+    done = recorded(run_dir, stage, request)
+    if done is not None:
+        log.info("%s: up to date (%s, dispatched before with the same request); not dispatching", stage, done.uri)
+        return done
     try:
         variables = job_variables(res, _declared_variables(res.work_pool))
         log.info("%s: on pool %s (deployment %s, job variables %s)", stage, res.work_pool, deployment, variables)
@@ -165,7 +183,36 @@ def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str,
     manifest = load_manifest(url)
     if manifest is None or not manifest.artifacts_present():
         raise DispatchError(f"stage {stage}: flow run {child.name} completed, but {url} holds no finished manifest")
+    record = {"request": request, "manifest_key": manifest.key, "flow_run": str(child.id)}
+    storage.write_json(storage.join(run_dir, RECORDS, f"{stage}.json"), record)
     return manifest
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """sha256 over the path and bytes of every `.py` file in `CODE_DIRS` of this checkout."""
+    h = hashlib.sha256()
+    for path in sorted(p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py")):
+        h.update(f"{path.relative_to(ROOT)}\0".encode() + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def request_fingerprint(params: Mapping[str, Any]) -> str:
+    """What a dispatch asks for: the stage flow's parameters and the code that would run them."""
+    body = json.dumps({"params": params, "code": code_fingerprint()}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def recorded(run_dir: str, stage: str, request: str) -> StageManifest | None:
+    """The stage's manifest if an earlier dispatch of the same `request` produced it and its files are all there."""
+    url = storage.join(run_dir, RECORDS, f"{stage}.json")
+    if not storage.exists(url):
+        return None
+    record = storage.read_json(url)
+    manifest = load_manifest(storage.join(run_dir, stage))
+    if record.get("request") != request or manifest is None or manifest.key != record.get("manifest_key"):
+        return None
+    return manifest if manifest.artifacts_present() else None
 
 
 def _declared_variables(pool: str) -> dict[str, Any]:

@@ -133,3 +133,33 @@ def test_remote_names_the_field_and_the_flow_run_when_it_cannot_finish(tiny_cfg,
         dispatch.remote(cfg, "regenerate", str(tmp_path), {})
     done = _finished(tmp_path, "regenerate", "c" * 64)
     assert dispatch.remote(cfg, "regenerate", str(tmp_path), {}) == done
+
+
+def test_an_identical_request_is_answered_from_the_run_folder(tiny_cfg, tmp_path, monkeypatch) -> None:
+    """A rerun schedules no pod for a finished stage; other upstream keys, other code or a lost file do."""
+    cfg = _on(tiny_cfg, train="gb200-train")
+    monkeypatch.setattr(dispatch, "_declared_variables", _declared)
+    started = []
+
+    def run(name, **kwargs):
+        started.append(kwargs["parameters"]["expected"])
+        _finished(tmp_path, "train", "d" * 64)
+        return SimpleNamespace(name="run", id="42", state=SimpleNamespace(is_completed=lambda: True))
+
+    monkeypatch.setattr(prefect.deployments, "run_deployment", run)
+    first = dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t1"})
+    assert dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t1"}) == first and len(started) == 1
+    assert (tmp_path / ".dispatch" / "train.json").is_file()
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})  # the upstream changed
+    assert len(started) == 2
+    monkeypatch.setattr(dispatch, "code_fingerprint", lambda: "other code")
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})
+    assert len(started) == 3
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})
+    assert len(started) == 3
+    (tmp_path / "train" / "rows.jsonl").unlink()
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})
+    assert len(started) == 4
+    other = cfg.model_copy(update={"seed": 1})
+    dispatch.remote(other, "train", str(tmp_path), {"tokenize": "t2"})
+    assert len(started) == 5
