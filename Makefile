@@ -14,12 +14,31 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_CPU_KVCACHE_SPACE := 1
 export VLLM_NO_USAGE_STATS := 1
 
-.PHONY: run test bench lint setup clean-runs
+.PHONY: run test test-fast docs bench lint setup sysdeps clean-runs
 
-$(BIN)/.installed: pyproject.toml
+# System packages the build needs, installed here so that a bare machine needs nothing beyond make and python3:
+# python3-venv (Debian ships venv without ensurepip) and libibverbs1 (the CPU Mooncake wheel links it, even for
+# TCP). As root they are installed with apt; otherwise make stops with the one command to run.
+sysdeps:
+	@missing=(); \
+	test -x $(BIN)/python || $(PY) -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv); \
+	$(PY) -c 'import ctypes; ctypes.CDLL("libibverbs.so.1")' 2>/dev/null || missing+=(libibverbs1); \
+	if (( $${#missing[@]} )); then \
+	  if [[ $$(id -u) == 0 ]] && command -v apt-get >/dev/null; then \
+	    echo "installing system packages: $${missing[*]}"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    log=$$( (apt-get update -qq && apt-get install -y -qq --no-install-recommends "$${missing[@]}") 2>&1 ) \
+	      || { echo "$$log" >&2; exit 1; }; \
+	  else \
+	    echo "error: missing system packages; run: sudo apt-get install -y $${missing[*]}" >&2; exit 2; \
+	  fi; \
+	fi
+
+$(BIN)/.installed: pyproject.toml | sysdeps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch first and pinned: the CPU wheel lies on disk; anything unpinned pulls CUDA builds.
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "is ignored" || true
+	# torch first and pinned: the CPU wheel lies on disk; anything unpinned pulls CUDA builds. numpy with it,
+	# so that torch's first import finds it.
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 numpy 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,cpu]' 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import draftsmith, prefect, transformers, safetensors, mooncake.store"
