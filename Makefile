@@ -13,6 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export VLLM_CPU_KVCACHE_SPACE := 1
 export VLLM_NO_USAGE_STATS := 1
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: run test test-fast docs bench lint setup sysdeps clean-runs
 
@@ -60,6 +61,14 @@ run: setup
 
 test: setup $(VLLM_VENV)/.installed
 	$(BIN)/python -m pytest tests
+
+# The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
+test-fast: setup
+	$(BIN)/python -m pytest tests/unit tests/kernels -m "not integration and not e2e and not slow"
+
+# The documentation site (MkDocs); strict, so a broken link or a missing page fails.
+docs: $(BIN)/.installed
+	$(BIN)/mkdocs build --strict --site-dir site
 
 # Benchmarks run as modules from the repo root: run as scripts, benchmarks/ would head sys.path and a file
 # named like a stdlib module (benchmarks/tokenize.py) would shadow it.

@@ -1,6 +1,6 @@
 """The FSDP2 trainer on one GPU at Kimi K3 drafter sizes: NCCL, FSDP2 bf16/fp32, fused AdamW, torch.compile.
 
-Run by `benchmarks/gpu_train_check.sh` (see there for the device machine); `--smoke` runs the same logic on
+Run by `benchmarks/gpu_train_check.sh` (see there for a GPU machine's set-up); `--smoke` runs the same logic on
 CPU (gloo) at toy sizes, which `tests/integration/test_gpu_train_check_smoke.py` exercises.
 
     python -m benchmarks._gpu_train_check [--smoke] [--families eagle3,dflash2,dspark] [--seq 4096]
@@ -11,7 +11,7 @@ DeepseekV3 config on the meta device plus random embedding/head tensors, passed 
 `drafters.families.BuildInputs` as the worker passes the real target's. The drafter is built, sharded,
 materialised and trained exactly as `drafters.training.worker` does (`fsdp.TrainModule`, `fsdp.shard`,
 `fsdp.materialize`, `loop.Trainer`), except that rank 0's real copy is built on the GPU rather than the
-CPU, which saves tens of seconds of CPU init per case out of a 15-minute device budget.
+CPU, which saves tens of seconds of CPU init per case.
 
 Synthetic micro-batches: one sample of `--seq` tokens (the recipes train one long sample per micro-batch),
 ids drawn from a Zipf law (so the draft vocabulary, ranked by the same counts, covers most of them), a

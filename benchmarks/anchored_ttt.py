@@ -2,7 +2,7 @@
 
 Drafter at SmolLM2 shapes (H 576, 9 heads / 3 kv heads of 64, draft vocabulary 8192), TTT depth 7, one
 sequence of 1024, 2048 and 4096 tokens with 60% loss tokens. Anchored uses 512 anchors with max_gap = depth
-(TorchSpec's defaults). Prints dense time / anchored time per length; the seeds report 2.4x at 4096 on GPU.
+(TorchSpec's defaults). Prints dense time / anchored time per length; peers report about 2.4x at 4096 on GPU.
 
 Run: `python -m benchmarks.anchored_ttt` (part of `make bench`).
 """

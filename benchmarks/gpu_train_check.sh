@@ -6,12 +6,11 @@
 #   bash benchmarks/gpu_train_check.sh --smoke            # CPU, gloo, toy widths (what CI's smoke test runs)
 #
 # The driver (benchmarks/_gpu_train_check.py) needs only torch, transformers, safetensors, fsspec, PyYAML
-# and pydantic (drafters.training + draftsmith.config; no Prefect, no vLLM). The device machine's image has
-# all but pydantic: if it cannot be imported and a `.whl` folder holds its wheels (pydantic, pydantic-core,
-# annotated-types, typing-inspection, typing-extensions; ~2.8 MB, see the device README), they are
-# installed into a scratch folder first. Prints one line per check and case, a markdown table and a JSON
-# line; exit status 1 if anything failed or was skipped for time (the driver stops starting cases after
-# --budget-s, default 300 s, eager cases first).
+# and pydantic (drafters.training + draftsmith.config; no Prefect, no vLLM). If pydantic cannot be imported
+# and the repository's `.whl/` folder holds its wheels (pydantic, pydantic-core, annotated-types,
+# typing-inspection, typing-extensions; ~2.8 MB), they are installed into a scratch folder first. Prints one
+# line per check and case, a markdown table and a JSON line; exit status 1 if anything failed or was skipped
+# for time (the driver stops starting cases after --budget-s, default 300 s, eager cases first).
 #
 # Environment: PYTHON (default: .venv/bin/python here, python3 elsewhere), OUT (if set, the log is copied
 # to $OUT/gpu_train_check.log), CHECK_TIMEOUT (s, default 480: the whole driver run).
@@ -26,7 +25,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 if ! "$PYTHON" -c 'import pydantic' 2>/dev/null; then
   if ! ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
-    echo "gpu_train_check: $PYTHON cannot import pydantic and $ROOT/.whl holds no wheels (carry .whl)" >&2
+    echo "gpu_train_check: $PYTHON cannot import pydantic and $ROOT/.whl holds no wheels (download them into .whl/ as this header says)" >&2
     exit 2
   fi
   SITE=$(mktemp -d /tmp/gpu_train_check_site.XXXXXX)

@@ -1,4 +1,4 @@
-"""EAGLE-3 TTT training-step throughput on CPU, at the shapes environment.md measured for a peer.
+"""EAGLE-3 TTT training-step throughput on CPU at SmolLM2-like shapes, the ones used to compare with speculators.
 
 Shapes: target hidden 576, vocab 49152, 3 taps, draft vocab 8192, one draft layer (intermediate 1536,
 9 heads, 3 KV heads), batch 1, sequence 1024, AdamW, fp32. Two loss paths are timed side by side:

@@ -1,6 +1,6 @@
 """`benchmarks/gpu_train_check.sh --smoke`: the GPU check's whole logic on CPU (gloo, toy widths).
 
-The device machine runs the same script at Kimi K3 sizes; these runs prove, where CI can run them, that every
+A GPU machine runs the same script at Kimi K3 sizes; these runs prove, where CI can run them, that every
 family builds from its K3 recipe's drafter section through the worker's path (meta skeleton, FSDP2 shard,
 rank-0 materialise, fused AdamW `Trainer`), trains finite steps, and that the report and exit status are
 right, including when one family fails.

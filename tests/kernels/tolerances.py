@@ -17,6 +17,6 @@ HEAD_GRAD["bfloat16"] = {"rtol": 1.6e-2, "atol": 1.6e-2}
 
 # Elementwise kernels (RMSNorm, dyn conv) on fp16 / bf16 inputs, compared with the reference run in fp32 on
 # the same (upcast) inputs and cast back: the kernel also computes in fp32, so the one difference is the final
-# store. fp16 stores round (half an ulp, 2^-11 relative); the interpreter's bf16 stores truncate instead of
-# rounding (environment.md), so up to one full bf16 ulp (2^-7 relative, 2^-8 for the rounded reference).
+# store. fp16 stores round (half an ulp, 2^-11 relative); the Triton interpreter's bf16 stores truncate instead
+# of rounding, so up to one full bf16 ulp (2^-7 relative, 2^-8 for the rounded reference).
 STORE = {"float16": {"rtol": 1e-3, "atol": 1e-3}, "bfloat16": {"rtol": 8e-3, "atol": 8e-3}}
