@@ -38,11 +38,19 @@ def evaluate_drafter(
     progress: Progress | None = None,
 ) -> tuple[dict, list[dict], cal.Calibration | None]:
     """`(report, rows, calibration)`: report = {"benches": [...], "dynamic": [...] (DSpark), "confidence": {...}}.
-    `progress` counts prompts decoded over every pass (DSpark: benchmarks, calibration, dynamic)."""
-    progress = progress or Progress(None)
+    `progress` counts prompts decoded over every pass (DSpark: benchmarks, calibration, dynamic); without
+    one, the terminal shows an `evaluate` bar of its own."""
+    if progress is None:
+        with Progress(None, desc="evaluate", unit="prompt") as own:
+            return evaluate_drafter(
+                target, tok, family, drafter, taps, kind=kind, benches=benches, settings=settings, eos=eos,
+                calibration_prompts=calibration_prompts, threshold=threshold, progress=own,
+            )  # fmt: skip
     n = sum(len(b) for b in benches.values())
     calib_benches = suites.builtin_suites(calibration_prompts, seed=settings.seed + 7919) if calibration_prompts else {}
-    progress.set_total(n)
+    # DSpark decodes the benchmarks twice and the calibration prompts once: all of it is the total from the start.
+    progress.set_total(n + (sum(len(b) for b in calib_benches.values()) + n if calib_benches else 0))
+    progress.update(progress.done)  # the bar shows from here, not from the first batch of prompts decoded
     decoder = harness.Decoder(
         functools.partial(family.generate, target, drafter, taps, g=settings.g),
         taps,
@@ -54,15 +62,24 @@ def evaluate_drafter(
     if not records or not calib_benches:
         return report, rows, None
     # Only a drafter with confidences (DSpark) gets here: a calibration pass and a dynamic pass follow.
-    progress.set_total(n + sum(len(b) for b in calib_benches.values()) + n)
+    progress.note("calibration")
     _, calib_rows = harness.run_benches(target, tok, decoder, calib_benches, settings, eos, kind, progress.advance)
     s = settings.sampling
     fitted = cal.calibrate(
         _records(calib_rows), threshold=threshold, sampling={"temperature": s.temperature, "top_p": s.top_p}
     )
-    temps = fitted.temperatures_tensor
-    before, after = cal.confidence_metrics(records), cal.confidence_metrics(records, temps)
-    report["confidence"] = {
+    report["confidence"] = _confidence_report(records, fitted, threshold)
+    dynamic = decoder.with_truncate(lambda d: fitted.truncate(d.confidence))
+    progress.note("dynamic verification")
+    dyn, _ = harness.run_benches(target, tok, dynamic, benches, settings, eos, f"{kind}+dynamic", progress.advance)
+    report["dynamic"] = dyn
+    return report, rows, fitted
+
+
+def _confidence_report(records: list[cal.ConfidenceRecord], fitted: cal.Calibration, threshold: float) -> dict:
+    """ECE and AUROC of the benchmark records before and after the fitted temperatures."""
+    before, after = cal.confidence_metrics(records), cal.confidence_metrics(records, fitted.temperatures_tensor)
+    return {
         "calibration_records": fitted.n_records,
         "eval_records": len(records),
         "temperatures": fitted.temperatures,
@@ -74,10 +91,6 @@ def evaluate_drafter(
         "reliability_before": before["reliability"],
         "reliability_after": after["reliability"],
     }
-    dynamic = decoder.with_truncate(lambda d: fitted.truncate(d.confidence))
-    dyn, _ = harness.run_benches(target, tok, dynamic, benches, settings, eos, f"{kind}+dynamic", progress.advance)
-    report["dynamic"] = dyn
-    return report, rows, fitted
 
 
 def settings_for(

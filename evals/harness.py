@@ -79,12 +79,17 @@ def run_prompts(
     prompts: list[BenchPrompt],
     settings: EvalSettings,
     eos: set[int],
+    done: Callable[[int], None] | None = None,
 ) -> list[dict]:
     """One row per (prompt, turn): tokens, rounds, accepted, histograms, timings, identical-to-baseline.
-    Prompts go `settings.batch_size` at a time; a multi-turn group decodes turn by turn."""
+    Prompts go `settings.batch_size` at a time; a multi-turn group decodes turn by turn; `done(n)` after
+    each group of n prompts."""
     rows = []
     for i in range(0, len(prompts), max(1, settings.batch_size)):
-        rows += _run_group(target, tok, decoder, prompts[i : i + settings.batch_size], settings, eos)
+        group = prompts[i : i + settings.batch_size]
+        rows += _run_group(target, tok, decoder, group, settings, eos)
+        if done is not None:
+            done(len(group))
     order = {p.id: k for k, p in enumerate(prompts)}
     return sorted(rows, key=lambda r: (order[r["id"]], r["turn"]))
 
@@ -180,16 +185,14 @@ def run_benches(
     drafter: str,
     done: Callable[[int], None] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """Per-benchmark results and every row (with its `bench`); `done(n)` after each benchmark's n prompts."""
+    """Per-benchmark results and every row (with its `bench`); `done(n)` after every n prompts decoded."""
     warm = next(iter(benches.values()))[0]
     plain_decode(target, turn_ids(tok, warm, [], 0), max_new=4, eos=eos)  # first-call costs out of the timings
     results, all_rows = [], []
     for name, prompts in benches.items():
         start = time.perf_counter()
-        rows = run_prompts(target, tok, decoder, prompts, settings, eos)
+        rows = run_prompts(target, tok, decoder, prompts, settings, eos, done)
         result = summarise_bench(name, drafter, rows, settings) | {"seconds": round(time.perf_counter() - start, 2)}
         results.append(result)
         all_rows += [r | {"bench": name} for r in rows]
-        if done is not None:
-            done(len(prompts))
     return results, all_rows

@@ -31,11 +31,13 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from draftsmith.config.sweep import DEFAULT_CONCURRENCY, DEFAULT_PROMPTS, SweepConfig
+from draftsmith.progress import Progress
 from evals.sweep_bench import (
     DRIVER,
     PERCENTILES,
@@ -71,6 +73,7 @@ def run_sweep(
     tokenizer: str | None = None,
     python: str | None = None,
     work_dir: str | None = None,
+    desc: str = "sweep",
 ) -> list[LevelResult]:
     """Drive `vllm bench serve` at each of `cfg.concurrency`, in increasing order, against a running server.
 
@@ -81,6 +84,7 @@ def run_sweep(
         tokenizer: The target's tokenizer folder (prompt token counts); default `model`.
         python: A vLLM environment's interpreter; default `.venv-vllm`'s, else this one.
         work_dir: Where the prompts file, per-level JSON and the bench log go; default a fresh temp folder.
+        desc: The name of the terminal's progress bar (levels done).
     """
     from engines.vllm_offline import default_vllm_python, log_tail
 
@@ -96,7 +100,7 @@ def run_sweep(
     cmd = [python or default_vllm_python() or "python", "-c", DRIVER, str(plan)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     log.info("throughput sweep of %s on %s: levels %s (log %s)", model, base_url, list(cfg.concurrency), bench_log)
-    run_driver(cmd, env, bench_log, cfg.timeout_s * len(cfg.concurrency) + 120)
+    _drive(cmd, env, bench_log, cfg, out, desc)
     levels = []
     for c in cfg.concurrency:
         path = out / f"level-{c}.json"
@@ -117,6 +121,19 @@ def run_sweep(
         )
         levels.append(level)
     return levels
+
+
+def _drive(cmd: list[str], env: dict[str, str], bench_log: Path, cfg: SweepConfig, out: Path, desc: str) -> None:
+    """Run the bench driver, with a terminal bar of the levels whose result file it has written."""
+    started = time.time()
+
+    def written() -> int:
+        paths = [out / f"level-{c}.json" for c in cfg.concurrency]
+        return sum(p.exists() and p.stat().st_mtime >= started - 1 for p in paths)  # a rerun's folder holds old ones
+
+    with Progress(len(cfg.concurrency), desc=desc, unit="level") as progress:
+        progress.update(0)
+        run_driver(cmd, env, bench_log, cfg.timeout_s * len(cfg.concurrency) + 120, lambda: progress.update(written()))
 
 
 def _speculative_args(draft_dir: str, method: str | None, num_tokens: int | None) -> list[str]:
@@ -194,6 +211,7 @@ def sweep_server(
             tokenizer=target_dir,
             python=python,
             work_dir=str(out),
+            desc="sweep (speculative)" if draft_dir else "sweep (no drafter)",
         )
         counters = read_spec_counters(server.url)
     drafted = [lv.spec_decode for lv in levels if lv.spec_decode is not None]

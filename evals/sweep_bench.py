@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -212,18 +213,33 @@ def bench_argv(
     ]  # fmt: skip
 
 
-def run_driver(cmd: list[str], env: dict[str, str], bench_log: Path, timeout_s: float) -> None:
-    """Run the bench driver in its own process group, stopped (TERM, then KILL) whatever happens."""
+def run_driver(
+    cmd: list[str],
+    env: dict[str, str],
+    bench_log: Path,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+    poll_s: float = 1.0,
+) -> None:
+    """Run the bench driver in its own process group, stopped (TERM, then KILL) whatever happens;
+    `poll()` every `poll_s` while it runs (the sweep's progress reads the level files written so far)."""
     from engines.vllm_offline import log_tail, stop_process
 
     with bench_log.open("ab") as sink:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+    deadline = time.monotonic() + timeout_s
     try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired as err:
-        raise RuntimeError(f"vllm bench serve ran past {timeout_s:.0f} s; log {bench_log}") from err
+        while True:
+            try:
+                code = proc.wait(timeout=max(0.0, min(poll_s, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired as err:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"vllm bench serve ran past {timeout_s:.0f} s; log {bench_log}") from err
+                if poll is not None:
+                    poll()
     finally:
         stop_process(proc)
     if code != 0:

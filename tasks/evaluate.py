@@ -163,7 +163,7 @@ def evaluate(
     key = stage_key(STAGE, code + family.code_modules(), **inputs, seed=seed)
 
     def compute(uri: str) -> StageResult:
-        with stage_progress(STAGE, uri, None, "evaluate: prompts decoded") as progress:
+        with stage_progress(STAGE, uri, None, "evaluate: prompts decoded", unit="prompt") as progress:
             results, files = evaluate_checkpoint(
                 cfg, drafter_cfg, target, prompts, checkpoint.uri, seed=seed, uri=uri, key=key, progress=progress
             )

@@ -72,21 +72,21 @@ def capture_hidden_states(
         writer = ShardWriter(uri, store_info(cfg, target, tokens), cfg.shard_samples)
         if writer.commits:
             log.info("hidden_states: resuming after %d committed samples", writer.committed_samples)
-        progress = stage_progress(STAGE, uri, tokens.counts.get("samples", 0), "hidden_states: samples captured")
-        progress.update(writer.committed_samples)
-        rest = itertools.islice(token_samples(tokens), writer.committed_samples, None)
-        first = next(rest, None)
-        if first is not None:  # start the engine (vLLM takes minutes) only when there is work left
-            engine = hidden_capture.make_capture(cfg, target)
-            try:
-                stream = hidden_capture.capture_stream(engine, itertools.chain([first], rest), window_tokens(cfg))
-                for s in stream:
-                    writer.add(s)
-                    progress.advance()
-            finally:
-                engine.close()
-        dataset = writer.finish()
-        progress.finish()
+        total = tokens.counts.get("samples", 0)
+        with stage_progress(STAGE, uri, total, "hidden_states: samples captured", unit="sample") as progress:
+            progress.update(writer.committed_samples)
+            rest = itertools.islice(token_samples(tokens), writer.committed_samples, None)
+            first = next(rest, None)
+            if first is not None:  # start the engine (vLLM takes minutes) only when there is work left
+                engine = hidden_capture.make_capture(cfg, target)
+                try:
+                    stream = hidden_capture.capture_stream(engine, itertools.chain([first], rest), window_tokens(cfg))
+                    for s in stream:
+                        writer.add(s)
+                        progress.advance()
+                finally:
+                    engine.close()
+            dataset = writer.finish()
         files = [FileEntry(name=s["shard"], bytes=s["bytes"], sha256=s["sha256"]) for s in dataset["shards"]]
         for name in (offline_store.INDEX, offline_store.DATASET):
             data = storage.read_bytes(storage.join(uri, name))

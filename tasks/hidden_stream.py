@@ -63,18 +63,18 @@ def produce(spec: ProducerSpec) -> int:
     # A producer process started by the trainer has no Prefect run: its progress is a no-op there.
     share = len(range(spec.index, tokens.counts.get("samples", 0), spec.count))
     sink = prefect_sink(ui.artifact_key(name, "stream-progress"), f"hidden states streamed by producer {spec.index}")
-    progress = Progress(spec.epochs * share, sink)
-    try:
-        with MooncakeProducer(settings, spec.queue, codec_of(cfg), spec.run_id, producer_id=name) as producer:
-            for _ in range(spec.epochs):
-                mine = (s for i, s in enumerate(token_samples(tokens)) if i % spec.count == spec.index)
-                for sample in hidden_capture.capture_stream(engine, mine, window_tokens(cfg)):
-                    producer.put(sample)
-                    n += 1
-                    progress.advance()
-    finally:
-        engine.close()
-    progress.finish()
+    desc = f"hidden_states producer {spec.index}"
+    with Progress(spec.epochs * share, sink, desc=desc, unit="sample") as progress:
+        try:
+            with MooncakeProducer(settings, spec.queue, codec_of(cfg), spec.run_id, producer_id=name) as producer:
+                for _ in range(spec.epochs):
+                    mine = (s for i, s in enumerate(token_samples(tokens)) if i % spec.count == spec.index)
+                    for sample in hidden_capture.capture_stream(engine, mine, window_tokens(cfg)):
+                        producer.put(sample)
+                        n += 1
+                        progress.advance()
+        finally:
+            engine.close()
     return n
 
 

@@ -264,7 +264,8 @@ def regenerate(
 
     def compute(uri: str) -> StageResult:
         records = read_prompts(prompts, "train")
-        with stage_progress(STAGE, uri, len(records), "regenerate: training prompts answered") as progress:
+        answered = "regenerate: training prompts answered"
+        with stage_progress(STAGE, uri, len(records), answered, unit="prompt") as progress:
             eng = engine if engine is not None else factory.make_engine(cfg, target)
             try:
                 info = provenance(cfg, target, eng, seed)  # before any work: an unknown template fails fast

@@ -263,11 +263,11 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
             },
             cfg.chunk_size,
         )
-        progress = stage_progress(STAGE, uri, len(sources), "tokenize: source shards tokenized")
-        files, counts, rejects = _run_jobs(plan, sources, pool, uri, progress)
-        files.append(rejects.write(uri))
-        rejects.check(counts["rows"], cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
-        progress.finish()
+        with stage_progress(STAGE, uri, len(sources), "tokenize: source shards tokenized", unit="shard") as progress:
+            progress.update(0)
+            files, counts, rejects = _run_jobs(plan, sources, pool, uri, progress)
+            files.append(rejects.write(uri))
+            rejects.check(counts["rows"], cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
         info = {
             "renderer": cfg.renderer,
             "chat_template_sha256": template,

@@ -52,6 +52,7 @@ def loss_token_counts(tokens: StageManifest, vocab_size: int) -> torch.Tensor:
 # What drafters/training prints (worker.main's start line, MetricsSink.write's step line), after torchrun's prefix.
 _START_LINE = re.compile(r"train: rank 0 of \d+, (\d+) steps, resuming at step (\d+)")
 _STEP_LINE = re.compile(r"train step (\d+) \|")
+_LOSS = re.compile(r"\bloss (\S+)")
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
@@ -83,6 +84,8 @@ class StepProgress(logging.LoggerAdapter):
             self.progress.set_total(min(total, self.max_steps) if self.max_steps else total)
             self.progress.update(int(start[2]))
         elif step := _STEP_LINE.search(line):
+            if loss := _LOSS.search(line, step.end()):
+                self.progress.note(f"loss {loss[1]}")  # before the step: the step's redraw shows it
             self.at_step(int(step[1]))
 
     def at_step(self, step: int) -> None:
@@ -192,7 +195,7 @@ def train(
             spec_path = storage.local_path(storage.join(f"/tmp/draftsmith-train/{key[:16]}", "spec.json"))
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         job.write(str(spec_path))
-        with stage_progress(STAGE, uri, None, "train: optimizer steps") as progress:
+        with stage_progress(STAGE, uri, None, "train: optimizer steps", unit="step") as progress:
             tracker = StepProgress(_logger(), progress, max_steps)
             # A remote stage folder's metrics.jsonl is a local copy uploaded at checkpoints: the lines tell.
             metrics = storage.local_path(storage.join(uri, "metrics.jsonl")) if storage.is_local(uri) else None

@@ -107,7 +107,7 @@ def test_outside_a_prefect_run_nothing_is_called(monkeypatch):
 
     monkeypatch.setattr(artifacts, "create_progress_artifact", refuse)
     monkeypatch.setattr(artifacts, "update_progress_artifact", refuse)
-    p = stage_progress("regenerate", "/runs/tiny-cpu/regenerate", 10, "prompts")
+    p = stage_progress("regenerate", "/runs/tiny-cpu/regenerate", 10, "prompts answered", unit="prompt")
     assert not p.enabled
     p.advance(5)
     p.finish()
@@ -124,7 +124,7 @@ def test_updates_from_another_thread_run_in_the_creating_context(monkeypatch):
     monkeypatch.setattr(artifacts, "create_progress_artifact", lambda progress, key, description: f"id-{key}")
     monkeypatch.setattr(artifacts, "update_progress_artifact", lambda aid, pct: seen.append((marker.get(), aid, pct)))
     marker.set("task-run")
-    p = stage_progress("train", "/runs/Tiny_CPU/train", 4, "steps")
+    p = stage_progress("train", "/runs/Tiny_CPU/train", 4, "optimizer steps", unit="step")
     worker = threading.Thread(target=lambda: (p.update(2), p.finish()))
     worker.start()
     worker.join()
