@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import json
 import os
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +45,14 @@ class ExportResult:
     engine_args: list[str]
     command: str
     notes: list[str]
+    platform: str = "gpu"
 
     def render(self) -> str:
-        lines = [f"exported {self.method} drafter for {self.engine}: {self.folder}"]
+        engine = f"{self.engine} ({self.platform})" if self.engine == "vllm" else self.engine
+        lines = [f"exported {self.method} drafter for {engine}: {self.folder}"]
         if self.engine == "vllm":
             cfg = engines.vllm_speculative_config(self.method, self.folder, self.num_speculative_tokens)
-            lines.append(f"--speculative-config '{json.dumps(cfg)}'")
+            lines.append(f"--speculative-config {shlex.quote(json.dumps(cfg))}")
         else:
             lines.append("speculative arguments: " + " ".join(self.engine_args))
         lines.append(f"launch: {self.command}")
@@ -118,8 +121,25 @@ def export_drafter(
         raise
     except ValueError as err:
         raise guards.ExportError(f"{method} for {engine}: {err}") from None
+    blobs = with_context_length(blobs, metadata.get("max_position_embeddings"))
     verify_blobs(method, engine, blobs, taps=taps, num_target_layers=num_target_layers, target_embed_VH=target_embed_VH)
     return blobs
+
+
+def with_context_length(blobs: dict[str, bytes], max_positions: int | None) -> dict[str, bytes]:
+    """config.json with the target's context as top-level `max_position_embeddings`, where engines read it.
+
+    Without it an EAGLE-3 config falls back to Llama's 2048 and vLLM raises it to the target's max_model_len
+    ("Overriding draft model max_position_embeddings ..."); a larger value than the target's makes vLLM cut the
+    draft's max model len instead. Unknown (None) leaves the config as the drafter family wrote it.
+    """
+    if not max_positions:
+        return blobs
+    config = json.loads(blobs[CONFIG])
+    if config.get("max_position_embeddings") == int(max_positions):
+        return blobs
+    config["max_position_embeddings"] = int(max_positions)
+    return blobs | {CONFIG: (json.dumps(config, indent=2) + "\n").encode()}
 
 
 def write_folder(out: str | Path, blobs: dict[str, bytes]) -> Path:
@@ -243,11 +263,23 @@ def with_calibration(blobs: dict[str, bytes], run_dir: str, block_size: int) -> 
     }
 
 
-def export_run(run_dir: str, engine: str, *, recipe: str | None = None, out: str | None = None) -> ExportResult:
+def export_run(
+    run_dir: str,
+    engine: str,
+    *,
+    recipe: str | None = None,
+    out: str | None = None,
+    platform: str | None = None,
+    port: int | None = None,
+) -> ExportResult:
     """Export the drafter of a finished run (`<run>/train/`) for `engine` into `out` (default `<run>/export/<engine>`).
 
     The recipe (`--recipe`, else `<run>/recipe.yaml`) names the target whose embedding the guards compare with.
+    `platform` (`cpu`/`gpu`, default: `gpu` when CUDA is visible) and `port` shape the printed vLLM command.
     """
+    platform = platform or engines.detect_platform()
+    if platform not in engines.PLATFORMS:
+        raise guards.ExportError(f"platform {platform!r}: expected one of {', '.join(engines.PLATFORMS)}")
     from draftsmith.config import load_recipe
     from draftsmith.stage import load_manifest
     from draftsmith.target_setup import resolve_target
@@ -287,6 +319,7 @@ def export_run(run_dir: str, engine: str, *, recipe: str | None = None, out: str
         engine=engine,
         num_speculative_tokens=n,
         engine_args=engines.engine_args(method, engine, path, n),
-        command=engines.launch_command(method, engine, str(target_dir), path, n),
-        notes=engines.engine_notes(method, engine),
+        command=engines.launch_command(method, engine, str(target_dir), path, n, platform=platform, port=port),
+        notes=engines.engine_notes(method, engine, platform=platform),
+        platform=platform,
     )

