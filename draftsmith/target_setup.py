@@ -325,6 +325,17 @@ def _build_tiny(out: Path, *, tokenizer_dir: Path, seed: int, shape: dict[str, i
     _check_tokenizer(out)
 
 
+def _tiny_folder_name(num_layers: int = 4, hidden_size: int = 64, seed: int = 0) -> str:
+    """The tiny target's folder name; the defaults are `embedded:tiny-llama`'s shape."""
+    return f"tiny-llama-L{num_layers}-H{hidden_size}-s{seed}"
+
+
+def embedded_folder(source: str, cache_dir: Path | None = None) -> Path | None:
+    """Where an `embedded:` target lives once set up (it may not be yet); None for any other source."""
+    names = {EMBEDDED_PREFIX + SMOLLM2_NAME: SMOLLM2_NAME, EMBEDDED_PREFIX + TINY_NAME: _tiny_folder_name()}
+    return _models_dir(cache_dir) / names[source] if source in names else None
+
+
 def ensure_tiny_target(
     cache_dir: Path | None = None,
     *,
@@ -364,7 +375,7 @@ def ensure_tiny_target(
     tokenizer_sha = (_read_manifest(smollm2) or {}).get("files", {}).get("tokenizer.json")
     source = {"kind": "random-llama", "recipe": RECIPE_VERSION, "seed": seed, "init_std": TINY_INIT_STD}
     source |= {"tokenizer_from": SMOLLM2_NAME, "tokenizer_sha256": tokenizer_sha, **shape}
-    folder = _models_dir(cache_dir) / f"tiny-llama-L{num_layers}-H{hidden_size}-s{seed}"
+    folder = _models_dir(cache_dir) / _tiny_folder_name(num_layers, hidden_size, seed)
     build = functools.partial(_build_tiny, tokenizer_dir=smollm2, seed=seed, shape=shape)
     return _ensure(folder, source, build)
 

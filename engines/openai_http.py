@@ -5,7 +5,8 @@ server errors (5xx), dropped connections and timeouts are retried with exponenti
 waiting at least as long as a `Retry-After` header asks; any other 4xx is a permanent error. After the
 last retry a transient failure surfaces as `EngineUnavailableError`, a `ConnectionError`, so the stage
 task's own transient-only retry policy applies. The API key is sent as a Bearer token and appears in no
-log line, error message or `describe()`.
+log line, error message or `describe()`: error bodies are redacted (`draftsmith.redact`), since a server
+may echo the request's headers back.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from draftsmith.redact import redact, register_secret
 from engines.base import ChatRequest, Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 
 _STOP = {"stop", "eos", "end_turn", "stop_sequence", "tool_calls", "function_call"}
 _EXCERPT = 500
+# Redacted before the cut, with this much room, so a key straddling the cut is masked whole, not in part.
+_REDACT_WINDOW = 4096
 # Network trouble worth a retry; other transport errors (a malformed URL, a proxy refusal) are not.
 _TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 _MAX_RETRY_AFTER_S = 300.0
@@ -39,6 +43,11 @@ class EngineRequestError(RuntimeError):
 
 class EngineUnavailableError(ConnectionError):
     """The server stayed unreachable, throttled or failing through every retry."""
+
+
+def _excerpt(text: str) -> str:
+    """The start of a response body, fit for a log line: credentials masked, then cut."""
+    return redact(text[: _EXCERPT + _REDACT_WINDOW])[:_EXCERPT]
 
 
 def _finish(reason: str | None) -> Literal["stop", "length"]:
@@ -141,6 +150,7 @@ class OpenAIEngine:
         self.url = self.base_url + "/chat/completions"
         self.model = model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        register_secret(api_key)
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -201,14 +211,14 @@ class OpenAIEngine:
             try:
                 resp = await client.post(self.url, json=body)
             except _TRANSIENT as err:
-                problem = f"{type(err).__name__}: {err}"
+                problem = f"{type(err).__name__}: {redact(str(err))}"
             else:
                 if resp.status_code < 400:
                     try:
                         return resp.json()
                     except ValueError as err:
-                        raise EngineRequestError(f"{where}: answered non-JSON: {resp.text[:_EXCERPT]!r}") from err
-                problem = f"HTTP {resp.status_code}: {resp.text[:_EXCERPT]}"
+                        raise EngineRequestError(f"{where}: answered non-JSON: {_excerpt(resp.text)!r}") from err
+                problem = f"HTTP {resp.status_code}: {_excerpt(resp.text)}"
                 if resp.status_code != 429 and resp.status_code < 500:
                     raise EngineRequestError(f"{where}: {problem}")
                 retry_after = _retry_after(resp.headers)

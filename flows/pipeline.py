@@ -10,9 +10,16 @@ from draftsmith.config import PipelineConfig, record_recipe
 from draftsmith.manifest import StageManifest
 from flows.stages import run_here
 
+_STAGE_ATTR = "draftsmith_stage"
+
 
 def default_run_dir(config: PipelineConfig) -> str:
     return storage.join(config.storage.run_root, config.name)
+
+
+def failed_stage(err: BaseException) -> str | None:
+    """The stage whose failure `err` is, when it came out of `kimi_k3`; None for a failure outside the stages."""
+    return getattr(err, _STAGE_ATTR, None)
 
 
 @flow(name="kimi-k3", flow_run_name="{config.name}", log_prints=True, validate_parameters=True)
@@ -27,5 +34,10 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
     pool = dispatch.current_pool()
     done: dict[str, StageManifest | None] = {}
     for stage in dispatch.STAGES:
-        done[stage] = dispatch.run_stage(config, stage, run_dir, done, run_here, pool)
+        try:
+            done[stage] = dispatch.run_stage(config, stage, run_dir, done, run_here, pool)
+        except Exception as err:
+            # Tagged, not wrapped: retry policies and callers still see the stage's own exception type.
+            setattr(err, _STAGE_ATTR, stage)
+            raise
     return done

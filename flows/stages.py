@@ -29,7 +29,7 @@ def run_here(
     """Run `stage`'s task in this flow run on its upstream manifests `inputs` (`dispatch.UPSTREAM[stage]`)."""
     c = config
     if stage == "select_prompts":
-        return select_prompts_task(c.select, c.target, c.seed, run_dir)
+        return select_prompts_task(c.select, c.target, c.seed, run_dir, c.regenerate.max_new_tokens)
     if stage == "regenerate":
         return regenerate_task(c.regenerate, c.target, inputs["select_prompts"], c.seed, run_dir)
     if stage == "tokenize":

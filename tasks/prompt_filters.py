@@ -55,12 +55,18 @@ def prompt_texts(record: PromptRecord) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def token_lengths(records: Sequence[PromptRecord], count_tokens: Callable[[list[str]], list[int]]) -> list[int]:
+    """Prompt length of each record in tokens: system, turns and tool definitions (`prompt_texts`)."""
+    return count_tokens([prompt_texts(r) for r in records]) if records else []
+
+
 def length_filter(
     records: Sequence[PromptRecord],
     count_tokens: Callable[[list[str]], list[int]],
     *,
     min_tokens: int,
     max_tokens: int | None,
+    lengths: Sequence[int] | None = None,
 ) -> tuple[list[PromptRecord], int, int]:
     """Keep records with `min_tokens <= tokens <= max_tokens`.
 
@@ -69,11 +75,13 @@ def length_filter(
         count_tokens: Token counts of a batch of texts (the target's tokenizer, no special tokens).
         min_tokens: Inclusive lower bound.
         max_tokens: Inclusive upper bound, or None for none.
+        lengths: The records' `token_lengths`, when already counted.
 
     Returns:
         `(kept, too_short, too_long)`.
     """
-    lengths = count_tokens([prompt_texts(r) for r in records]) if records else []
+    if lengths is None:
+        lengths = token_lengths(records, count_tokens)
     kept, short, long = [], 0, 0
     for record, n in zip(records, lengths, strict=True):
         if n < min_tokens:
@@ -85,6 +93,44 @@ def length_filter(
     return kept, short, long
 
 
+# Where model configs state their context window, most common first.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def context_length(model_config: dict) -> int | None:
+    """The context window a model's config.json declares (in `text_config` for multimodal models), or None."""
+    for section in (model_config, model_config.get("text_config")):
+        if not isinstance(section, dict):
+            continue
+        for key in _CONTEXT_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def split_over_context(
+    records: Sequence[PromptRecord], lengths: Sequence[int], *, context: int, answer_tokens: int
+) -> tuple[list[PromptRecord], list[int], list[tuple[PromptRecord, int, int]]]:
+    """Set apart the prompts that leave no room in the target's `context` for their answers.
+
+    Each turn is answered with up to `answer_tokens`, and the whole conversation must fit, so a prompt's
+    bound is `context - answer_tokens * turns`.
+
+    Returns:
+        `(kept, kept_lengths, over)`, `over` holding `(record, tokens, bound)`.
+    """
+    kept, kept_lengths, over = [], [], []
+    for record, n in zip(records, lengths, strict=True):
+        bound = context - answer_tokens * len(record.turns)
+        if n > bound:
+            over.append((record, n, bound))
+        else:
+            kept.append(record)
+            kept_lengths.append(n)
+    return kept, kept_lengths, over
+
+
 def shingles(tokens: list[str], size: int) -> set[bytes]:
     """Word `size`-grams; a text shorter than `size` words is one shingle of all its words."""
     if len(tokens) <= size:
@@ -92,29 +138,40 @@ def shingles(tokens: list[str], size: int) -> set[bytes]:
     return {" ".join(tokens[i : i + size]).encode() for i in range(len(tokens) - size + 1)}
 
 
+_DEDUPE_BATCH = 4096  # records hashed at once: large enough for MinHash.bulk, small enough for a live count
+
+
 def near_dedupe(
-    records: Sequence[PromptRecord], *, threshold: float, num_perm: int, shingle_size: int
+    records: Sequence[PromptRecord],
+    *,
+    threshold: float,
+    num_perm: int,
+    shingle_size: int,
+    done: Callable[[int], None] | None = None,
 ) -> tuple[list[PromptRecord], int]:
     """Drop records whose user turns are near duplicates (estimated Jaccard >= threshold) of an earlier one.
 
     LSH only proposes candidates; each is confirmed on the MinHash estimate, so the banding's false
-    positives do not remove distinct prompts. Linear in the number of records.
+    positives do not remove distinct prompts. Linear in the number of records; `done(n)` after every n
+    records checked.
 
     Returns:
         `(kept, dropped)`.
     """
-    if not records:
-        return [], 0
-    hashes = MinHash.bulk([list(shingles(user_words(r), shingle_size)) for r in records], num_perm=num_perm, seed=1)
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
     kept_hashes: dict[int, MinHash] = {}
     kept = []
-    for index, (record, mh) in enumerate(zip(records, hashes, strict=True)):
-        if any(kept_hashes[k].jaccard(mh) >= threshold for k in lsh.query(mh)):
-            continue
-        lsh.insert(index, mh)
-        kept_hashes[index] = mh
-        kept.append(record)
+    for start in range(0, len(records), _DEDUPE_BATCH):
+        batch = records[start : start + _DEDUPE_BATCH]
+        hashes = MinHash.bulk([list(shingles(user_words(r), shingle_size)) for r in batch], num_perm=num_perm, seed=1)
+        for index, (record, mh) in enumerate(zip(batch, hashes, strict=True), start):
+            if any(kept_hashes[k].jaccard(mh) >= threshold for k in lsh.query(mh)):
+                continue
+            lsh.insert(index, mh)
+            kept_hashes[index] = mh
+            kept.append(record)
+        if done is not None:
+            done(len(batch))
     return kept, len(records) - len(kept)
 
 

@@ -1,12 +1,16 @@
 """Stage 1: choose the prompts the target will answer, and hold some out for evaluation.
 
 Sources are read leniently (bad rows go to `rejected.jsonl`), then exact duplicates, prompts outside the
-token-length limits, near duplicates and prompts overlapping benchmark files are dropped, in that order;
+token-length limits, near duplicates and prompts overlapping benchmark files are dropped, in that order.
+Without `select.max_prompt_tokens`, a prompt that leaves no room for its answers in the target's context
+goes to `rejected.jsonl` too (reason `exceeds_context`), though it does not count against
+`select.max_rejected_share`: the row is sound, only too long for this target;
 the category mix picks `num_prompts`, exactly `num_eval` of them are held out, and train is
 decontaminated against the held-out prompts. Every row read is accounted for: kept + dropped == read.
 """
 
 import hashlib
+import json
 import logging
 import sys
 from collections import Counter
@@ -14,9 +18,10 @@ from pathlib import Path
 
 from draftsmith import storage
 from draftsmith.caching import stage_task
-from draftsmith.config import SelectConfig, TargetConfig
+from draftsmith.config import RegenerateConfig, SelectConfig, TargetConfig
 from draftsmith.config.select import PromptSource
 from draftsmith.manifest import StageManifest, file_entry
+from draftsmith.progress import Progress
 from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
 from tasks import prompt_filters, prompt_formats, prompt_pool, prompt_sources
@@ -27,6 +32,8 @@ STAGE = "select_prompts"
 REPORT_FILE = "report.md"
 ARTIFACT_KEY = "select-report"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+# Room left for each answer when the caller does not say: regenerate's default answer length.
+DEFAULT_ANSWER_TOKENS: int = RegenerateConfig.model_fields["max_new_tokens"].default
 
 
 def read_prompts(manifest: StageManifest, split: str) -> list[PromptRecord]:
@@ -56,12 +63,24 @@ def _token_counter(folder: Path, trust_remote_code: bool):
     def count(texts: list[str]) -> list[int]:
         lengths: list[int] = []
         # Batches bound the tokenizer's memory on 150K prompts; the fast tokenizer parallelises each.
-        for start in range(0, len(texts), 4096):
-            ids = tok(texts[start : start + 4096], add_special_tokens=False)["input_ids"]
-            lengths.extend(len(x) for x in ids)
+        with Progress(len(texts), desc=f"{STAGE}: token counts", unit="prompt") as progress:
+            progress.update(0)
+            for start in range(0, len(texts), 4096):
+                ids = tok(texts[start : start + 4096], add_special_tokens=False)["input_ids"]
+                lengths.extend(len(x) for x in ids)
+                progress.advance(len(ids))
         return lengths
 
     return count
+
+
+def _context_tokens(folder: Path) -> int | None:
+    """The target's context window from its config.json, or None when it states none."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return prompt_filters.context_length(config) if isinstance(config, dict) else None
 
 
 def _benchmark_texts(paths: list[str]) -> tuple[list[str], int]:
@@ -78,10 +97,19 @@ def _benchmark_texts(paths: list[str]) -> tuple[list[str], int]:
     return texts, unusable
 
 
-def select_prompts(cfg: SelectConfig, target: TargetConfig, *, seed: int, out_uri: str) -> StageManifest:
+def select_prompts(
+    cfg: SelectConfig,
+    target: TargetConfig,
+    *,
+    seed: int,
+    out_uri: str,
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS,
+) -> StageManifest:
     """Read, filter, mix and split prompts into `train.jsonl` and `eval.jsonl` under `out_uri`.
 
     Also writes `rejected.jsonl` (unusable source rows with file, line and reason) and `report.md`.
+    `answer_tokens` (regenerate's `max_new_tokens`) is the room each turn's answer needs in the target's
+    context; it bounds prompt length when `cfg.max_prompt_tokens` is unset.
     Manifest counts: `train`, `eval`, `read`, `category.<c>` (kept), `dropped.<reason>`,
     `rejected.<reason>` and `shortfall.<c>` (quota a category could not fill).
 
@@ -93,16 +121,27 @@ def select_prompts(cfg: SelectConfig, target: TargetConfig, *, seed: int, out_ur
     folder = _tokenizer_folder(target)
     fingerprints = _fingerprints(cfg)
     modules = [sys.modules[__name__], prompt_pool, prompt_sources, prompt_formats, prompt_filters]
-    key = stage_key(STAGE, modules, cfg=cfg, seed=seed, sources=fingerprints, tokenizer=_tokenizer_fingerprint(folder))
+    context = (_context_tokens(folder), answer_tokens) if cfg.max_prompt_tokens is None else None
+    key = stage_key(
+        STAGE,
+        modules,
+        cfg=cfg,
+        seed=seed,
+        sources=fingerprints,
+        tokenizer=_tokenizer_fingerprint(folder),
+        context=context,
+    )
 
     def compute(uri: str) -> StageResult:
         rejects = Rejects(STAGE)
         loaded = prompt_sources.load_sources(
             sources, synthetic_rows=2 * cfg.num_prompts, mix=cfg.mix, seed=seed, rejects=rejects
         )
-        files = [rejects.write(uri)]
+        rejects.write(uri)  # before the check: its message points at the file
         rejects.check(loaded.read, cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
-        chosen, dropped = _filter(cfg, loaded.records, _token_counter(folder, target.trust_remote_code))
+        counter = _token_counter(folder, target.trust_remote_code)
+        chosen, dropped = _filter(cfg, loaded.records, counter, context, rejects)
+        files = [rejects.write(uri)]
         selection = prompt_filters.choose(
             chosen, num_prompts=cfg.num_prompts, num_eval=cfg.num_eval, mix=cfg.mix, seed=seed, ngram=cfg.decontam_ngram
         )
@@ -134,16 +173,50 @@ def _fingerprints(cfg: SelectConfig) -> list[str]:
     return out
 
 
-def _filter(cfg: SelectConfig, records: list[PromptRecord], count_tokens) -> tuple[list[PromptRecord], Counter]:
+def _reject_over_context(
+    records: list[PromptRecord], lengths: list[int], context: tuple[int | None, int], rejects: Rejects
+) -> tuple[list[PromptRecord], list[int]]:
+    """Without `select.max_prompt_tokens`, the target's context bounds prompt length (see the module doc)."""
+    window, answer_tokens = context
+    if window is None:
+        log.warning("select_prompts: the target's config.json states no context length; prompt length is unbounded")
+        return records, lengths
+    records, lengths, over = prompt_filters.split_over_context(
+        records, lengths, context=window, answer_tokens=answer_tokens
+    )
+    for record, n, bound in over:
+        rejects.add(
+            source=STAGE,
+            reason="exceeds_context",
+            detail=f"prompt of {n} tokens is over {bound}: the target's context ({window}) less {answer_tokens} "
+            f"answer tokens per turn ({len(record.turns)}); select.max_prompt_tokens sets another bound",
+            row_id=record.id,
+            raw=prompt_filters.prompt_texts(record),
+        )
+    return records, lengths
+
+
+def _filter(
+    cfg: SelectConfig, records: list[PromptRecord], count_tokens, context: tuple | None, rejects: Rejects
+) -> tuple[list[PromptRecord], Counter]:
     dropped: Counter[str] = Counter()
     records, dropped["duplicate_exact"] = prompt_filters.exact_dedupe(records)
+    lengths = prompt_filters.token_lengths(records, count_tokens)
+    if context is not None:
+        records, lengths = _reject_over_context(records, lengths, context, rejects)
     records, dropped["too_short"], dropped["too_long"] = prompt_filters.length_filter(
-        records, count_tokens, min_tokens=cfg.min_prompt_tokens, max_tokens=cfg.max_prompt_tokens
+        records, count_tokens, min_tokens=cfg.min_prompt_tokens, max_tokens=cfg.max_prompt_tokens, lengths=lengths
     )
     if cfg.near_dedupe:
-        records, dropped["duplicate_near"] = prompt_filters.near_dedupe(
-            records, threshold=cfg.near_dup_threshold, num_perm=cfg.minhash_num_perm, shingle_size=cfg.shingle_size
-        )
+        with Progress(len(records), desc=f"{STAGE}: near duplicates", unit="prompt") as progress:
+            progress.update(0)
+            records, dropped["duplicate_near"] = prompt_filters.near_dedupe(
+                records,
+                threshold=cfg.near_dup_threshold,
+                num_perm=cfg.minhash_num_perm,
+                shingle_size=cfg.shingle_size,
+                done=progress.advance,
+            )
     if cfg.benchmark_files:
         texts, unusable = _benchmark_texts(cfg.benchmark_files)
         if unusable:
@@ -215,7 +288,9 @@ def publish_report(manifest: StageManifest) -> None:
 
 
 @stage_task("select-prompts", STAGE)
-def select_prompts_task(cfg: SelectConfig, target: TargetConfig, seed: int, run_dir: str) -> StageManifest:
-    manifest = select_prompts(cfg, target, seed=seed, out_uri=storage.join(run_dir, STAGE))
+def select_prompts_task(
+    cfg: SelectConfig, target: TargetConfig, seed: int, run_dir: str, answer_tokens: int = DEFAULT_ANSWER_TOKENS
+) -> StageManifest:
+    manifest = select_prompts(cfg, target, seed=seed, out_uri=storage.join(run_dir, STAGE), answer_tokens=answer_tokens)
     publish_report(manifest)
     return manifest

@@ -5,11 +5,14 @@ step is all-reduced, copied to the host without blocking (`metrics.DeferredMetri
 A non-finite step is skipped inside the fused AdamW kernel (its `found_inf` input, the mechanism
 `torch.amp.GradScaler` uses), and the consecutive-skip count lives on the device too; the host notices a
 run of `max_consecutive_skips` one step late and fails. The `foreach` AdamW has no such input, so on
-devices without a fused kernel the skip costs one host sync per step.
+devices without a fused kernel the skip costs one host sync per step. A run too short to reach that limit
+still fails when it ends in a long run of skipped steps or with non-finite weights (`Trainer.check_finished`),
+so a diverged drafter is never exported as if it had trained.
 
 Shape legend: K slots (TTT depths or block positions), M metric values.
 """
 
+import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +28,8 @@ from draftsmith.config.train import TrainConfig
 
 
 class NonFiniteError(RuntimeError):
-    """Too many optimizer steps in a row had a non-finite loss or gradient."""
+    """Training diverged: too many optimizer steps in a row had a non-finite loss or gradient, the run ended
+    in such a streak, or the weights are no longer finite."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Trainer:
         self.skipped = torch.zeros((), device=d.device)
         self.slots: int | None = None
         self.deferred: DeferredMetrics | None = None
+        self.streak = 0  # skipped steps in a row at the last step `finish` saw, agreed by every rank
 
     def train_step(self, micros: list[Micro]) -> dict | None:
         """One optimizer step over this rank's micro-batches; returns the previous step's metrics (or None)."""
@@ -137,12 +142,39 @@ class Trainer:
             "lr": self.sched.get_last_lr()[0],
         }
         consecutive = int(round(raw["consecutive_skips"] / w))
+        self.streak = consecutive
         if consecutive >= self.cfg.max_consecutive_skips:
             raise NonFiniteError(
                 f"train: {consecutive} optimizer steps in a row (up to step {raw['step']}) had a non-finite loss or "
-                f"gradient (train.max_consecutive_skips = {self.cfg.max_consecutive_skips})"
+                f"gradient (train.max_consecutive_skips = {self.cfg.max_consecutive_skips}); {self._advice()}"
             )
         return out
+
+    def _advice(self) -> str:
+        return f"lower train.lr (now {self.cfg.lr:g}) or look for broken samples"
+
+    def check_finished(self) -> None:
+        """Fail a run that ends diverged; every rank calls it (it all-reduces).
+
+        A streak of `max_consecutive_skips` fails in `finish`, but a short run ends before it gets there,
+        so a final streak of half the run or more fails here. Skipped steps leave the weights as they were,
+        which can already be non-finite (an update that overflowed): that fails too.
+        """
+        if self.streak and self.streak >= min(self.cfg.max_consecutive_skips, math.ceil(self.step / 2)):
+            raise NonFiniteError(
+                f"train: the last {self.streak} of {self.step} optimizer steps (steps {self.step - self.streak + 1}"
+                f"-{self.step}) had a non-finite loss or gradient and training never recovered; {self._advice()}"
+            )
+        bad = torch.zeros((), device=self.d.device)
+        for p in self.params:
+            local = p.to_local() if isinstance(p, DTensor) else p
+            bad = bad + (~torch.isfinite(local.detach())).any()
+        if self.d.world > 1:
+            dist.all_reduce(bad)
+        if bool(bad):
+            raise NonFiniteError(
+                f"train: after step {self.step} the drafter's weights are not finite; {self._advice()}"
+            )
 
     def state(self) -> dict:
         """What a checkpoint keeps besides model and optimizer (JSON-able)."""

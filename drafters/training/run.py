@@ -196,6 +196,7 @@ def train(job, cfg: TrainConfig, d: fsdp.Dist, built, trainer: Trainer, batches:
     log.info("train: rank %d trained %d micro-batches in steps %d..%d", d.rank, trained, start + 1, trainer.step)
     if sink is not None:
         sink.close()
+    trainer.check_finished()  # before export: a diverged drafter must not look trained
     export(job, d, built, rec, batches, metrics_path)
 
 

@@ -2,7 +2,7 @@
 
 from draftsmith.config.drafter import DFlash2Config, DrafterConfig, DSparkConfig, Eagle3Config
 from draftsmith.config.hidden_states import HiddenStatesConfig
-from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe, record_recipe
+from draftsmith.config.loader import RecipeError, dump_recipe, load_recipe, note_overrides, record_recipe
 from draftsmith.config.nightly import NightlyConfig
 from draftsmith.config.pipeline import PipelineConfig
 from draftsmith.config.regenerate import RegenerateConfig
@@ -35,5 +35,6 @@ __all__ = [
     "TrainConfig",
     "dump_recipe",
     "load_recipe",
+    "note_overrides",
     "record_recipe",
 ]

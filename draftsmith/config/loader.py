@@ -1,5 +1,6 @@
 """YAML recipe loading with one-line errors that name the file and the dotted field."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,43 @@ def _check_files(cfg: PipelineConfig, origin: str) -> None:
             raise RecipeError(f"{origin}: {field}: file or folder {value!r} does not exist")
 
 
+_SHAPE_KEYS = (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"), ("vocab_size", "vocab_size"))
+
+
+def _local_model_config(source: str) -> dict[str, Any] | None:
+    """The target's config.json when its folder is on this machine; None for a served or unbuilt model."""
+    from draftsmith.target_setup import EMBEDDED_PREFIX, embedded_folder
+
+    if source.startswith(EMBEDDED_PREFIX):
+        folder = embedded_folder(source)
+        path = folder / "config.json" if folder else None
+    else:
+        path = None if "://" in source else Path(source).expanduser() / "config.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # a broken folder is the loader's to report, with its own error
+    return config if isinstance(config, dict) else None
+
+
+def _check_target_shape(cfg: PipelineConfig, origin: str) -> None:
+    """The declared target shape must be the model's: taps and heads are sized from it before any load."""
+    config = _local_model_config(cfg.target.source)
+    if config is None:
+        return
+    text = config.get("text_config")  # multimodal models nest the language model's shape
+    for field, key in _SHAPE_KEYS:
+        actual = config.get(key, text.get(key) if isinstance(text, dict) else None)
+        declared = getattr(cfg.target, field)
+        if isinstance(actual, int) and actual != declared:
+            raise RecipeError(
+                f"{origin}: target.{field}: the recipe says {declared} but the model's config.json says {actual} "
+                f"({key}, {cfg.target.source})"
+            )
+
+
 def parse_recipe(data: Any, origin: str = "<recipe>") -> PipelineConfig:
     """Validate an already-parsed recipe mapping."""
     if not isinstance(data, dict):
@@ -64,7 +102,82 @@ def parse_recipe(data: Any, origin: str = "<recipe>") -> PipelineConfig:
     except ValidationError as err:
         raise RecipeError(_format(err, origin)) from None
     _check_files(cfg, origin)
+    _check_target_shape(cfg, origin)
     return cfg
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    """A mapping names one key twice; the message is `dotted.key: duplicate key on line N (first on line M)`."""
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error, not "last one wins"."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        # Checked on the node tree before construction, where the dotted path and the lines are known.
+        _check_duplicates(node, "")
+        return super().construct_document(node)
+
+
+def _check_duplicates(node: yaml.Node, path: str) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(item, f"{path}[{i}]")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[tuple[str, str], int] = {}
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor` keys may be overridden by the mapping's own; complex keys are not recipe keys
+        dotted = f"{path}.{key.value}" if path else key.value
+        line = key.start_mark.line + 1
+        if (key.tag, key.value) in seen:
+            first = seen[(key.tag, key.value)]
+            raise _DuplicateKeyError(f"{dotted}: duplicate key on line {line} (first on line {first})")
+        seen[(key.tag, key.value)] = line
+        _check_duplicates(value, dotted)
+
+
+def _read_yaml(origin: str) -> Any:
+    try:
+        with fsspec.open(origin, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise RecipeError(f"{origin}: recipe file not found") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{origin}: is a folder; give the recipe's YAML file") from None
+    except OSError as err:
+        raise RecipeError(f"{origin}: cannot read the recipe: {err.strerror or err}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise RecipeError(f"{origin}: not UTF-8 text: byte 0x{raw[err.start]:02x} on line {line}") from None
+    try:
+        return yaml.load(text, Loader=_RecipeLoader)  # a SafeLoader: no Python objects from the file
+    except _DuplicateKeyError as err:
+        raise RecipeError(f"{origin}: {err}") from None
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{origin}: not valid YAML: {str(err).splitlines()[0]}") from None
+
+
+def _apply_override(data: dict, dotted: str, value: Any, origin: str) -> None:
+    node, where = data, []
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        where.append(part)
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise RecipeError(
+                f"{origin}: {dotted}: cannot set it: {'.'.join(where)} is {_kind(node)}, not a section of fields"
+            )
+    node[leaf] = value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    return f"the value {json.dumps(value)}" if isinstance(value, bool | int | float | str | None) else "not a mapping"
 
 
 def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
@@ -75,20 +188,21 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
         overrides: dotted keys to replace before validation, e.g. `{"train.epochs": 1}`.
     """
     origin = str(path)
-    try:
-        with fsspec.open(origin, "rt", encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise RecipeError(f"{origin}: recipe file not found") from None
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{origin}: not valid YAML: {str(err).splitlines()[0]}") from None
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+    data = _read_yaml(origin)
+    if overrides and isinstance(data, dict):
+        for dotted, value in overrides.items():
+            _apply_override(data, dotted, value, origin)
     return parse_recipe(data, origin)
+
+
+def note_overrides(err: RecipeError, keys: list[str], origin: str, note: str) -> RecipeError:
+    """`err` with `note` after each problem at a field `keys` wrote, which the file itself may not even have."""
+    lines = []
+    for line in str(err).splitlines():
+        field = line.removeprefix(f"{origin}: ").split(": ", 1)[0]
+        hit = any(k == field or k.startswith(f"{field}.") or field.startswith(f"{k}.") for k in keys)
+        lines.append(f"{line} ({note})" if hit else line)
+    return RecipeError("\n".join(lines))
 
 
 def dump_recipe(cfg: PipelineConfig) -> str:
