@@ -134,13 +134,16 @@ def _served_target(source: str) -> str:
     return str(resolve_target(source)) if source.startswith(EMBEDDED_PREFIX) else source
 
 
-def serve_markdown(checkpoint: StageManifest, *, target_source: str, depth: int | None) -> str:
+def serve_markdown(
+    checkpoint: StageManifest, *, target_source: str, depth: int | None, platform: str | None = None
+) -> str:
     """The export and vLLM launch commands for the train stage's checkpoint, as `draftsmith export` prints them.
 
     Args:
         checkpoint: The train stage's manifest (`info.drafter` is the recipe's drafter kind).
         target_source: The recipe's `target.source`.
         depth: The EAGLE-3 drafter's trained depth (`drafter.ttt_depth`); block drafters read their config.
+        platform: `cpu` or `gpu` form of the vLLM command; None: the platform this stage ran on.
     """
     from drafters.export import bundle, engines
 
@@ -152,7 +155,8 @@ def serve_markdown(checkpoint: StageManifest, *, target_source: str, depth: int 
     folder = storage.join(run_dir, "export", "vllm")
     if storage.is_local(folder):
         folder = str(storage.local_path(folder).resolve())
-    command = engines.launch_command(method, "vllm", _served_target(target_source), folder, n)
+    platform = platform or engines.detect_platform()
+    command = engines.launch_command(method, "vllm", _served_target(target_source), folder, n, platform=platform)
     spec = json.dumps(engines.vllm_speculative_config(method, folder, n))
     lines = [
         f"# Serve the {run_label(run_dir)} {method} drafter with vLLM",
@@ -160,7 +164,7 @@ def serve_markdown(checkpoint: StageManifest, *, target_source: str, depth: int 
         "1. Export the checkpoint (bf16 weights, the engine's layer-id convention, export checks):",
         "",
         "```bash",
-        f"draftsmith export {run_dir} --engine vllm",
+        f"draftsmith export {run_dir} --engine vllm --platform {platform}",
         "```",
         "",
         "2. Serve the target with it:",

@@ -210,11 +210,14 @@ def test_serve_snippet_is_the_export_and_vllm_commands(tmp_path):
     train.mkdir(parents=True)
     (train / "config.json").write_text(json.dumps({"block_size": 8}))
     manifest = StageManifest(stage="train", key="k" * 64, uri=str(train), info={"drafter": "dflash2"})
-    md = ui.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None)
+    md = ui.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="gpu")
     export = tmp_path.resolve() / "kimi-k3-dflash2" / "export" / "vllm"
-    assert f"draftsmith export {tmp_path / 'kimi-k3-dflash2'} --engine vllm" in md
+    assert f"draftsmith export {tmp_path / 'kimi-k3-dflash2'} --engine vllm --platform gpu" in md
     spec = json.dumps({"method": "dflash", "model": str(export), "num_speculative_tokens": 7})
     assert f"vllm serve moonshotai/Kimi-K3 --host 127.0.0.1 --speculative-config '{spec}'" in md, md
+    cpu = ui.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="cpu")
+    assert "-m vllm.entrypoints.openai.api_server --model moonshotai/Kimi-K3 --dtype float32" in cpu, cpu
+    assert "vllm serve" not in cpu and "--platform cpu" in cpu
     (train / "config.json").write_text("{}")
     with pytest.raises(KeyError, match="block_size"):
         ui.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None)
