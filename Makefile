@@ -59,8 +59,9 @@ setup: $(BIN)/.installed
 run: setup
 	$(BIN)/draftsmith run $(RECIPE)
 
+# Two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
 test: setup $(VLLM_VENV)/.installed
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
 test-fast: setup

@@ -1,6 +1,9 @@
 """Shared fixtures: the tiny recipe, its target, and one tiny run of the stage functions."""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,15 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Triton reads it at import: kernels forced to Triton in tests/kernels run interpreted on CPU tensors.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# `make test` runs two pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
+# servers never share a database, and one torch thread, so that the two workers do not fight over 2 cores.
+if "PREFECT_HOME" not in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="draftsmith-test-prefect-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "deployments" / "recipes"

@@ -2,6 +2,7 @@
 rate 100x too high fails the flow with a summary artifact that says which figures left their bands."""
 
 import asyncio
+import re
 import shutil
 
 import pytest
@@ -62,12 +63,16 @@ def test_nightly_passes_on_the_baselines_and_fails_with_a_100x_learning_rate(har
     checks = passed.result()
     assert len(checks) == len(rows) and all(c.passed for c in checks)
 
-    # The runs reproduce the committed baselines exactly on this machine: recording them again changes nothing.
+    # The runs reproduce the committed baselines: recording them again changes no figure beyond the last bits
+    # of float arithmetic, which differ between CPU models (BLAS kernels sum in another order).
     shutil.copytree(night.baseline_dir, tmp_path / "baselines")
     update = ["baseline", "update", "--from", str(tmp_path / "night"), "--baseline-dir", str(tmp_path / "baselines")]
     assert cli.main(update) == 0
-    diff = capsys.readouterr().out
-    assert diff.count("(unchanged)") == 3 * (1 + 6 + 1 + 1), diff
+    figures = [line.strip() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert len(figures) == 3 * (1 + 6 + 1 + 1), figures
+    for line in figures:
+        change = re.search(r"\(([+-][0-9.]+), ([+-][0-9.]+)%\)$", line)
+        assert line.endswith("(unchanged)") or (change and abs(float(change[2])) < 0.01), line
 
     # Same folder, so select/regenerate/tokenize/hidden_states are reused; only train and evaluate run again.
     hot = NightlyConfig(run_root=str(tmp_path), run_name="night", overrides={"train.lr": 0.3})
