@@ -117,6 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_failure(err: Exception) -> tuple[str, int]:
     """One line for a run that failed, and its exit code: 2 when a stage refused its input, else 1."""
+    from draftsmith.runlock import RunFolderBusy
     from flows.pipeline import failed_stage
 
     text = redact(str(err)).strip()
@@ -128,6 +129,8 @@ def _run_failure(err: Exception) -> tuple[str, int]:
             "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
         ), 1
     reason = text.splitlines()[0] if text else type(err).__name__
+    if isinstance(err, RunFolderBusy):
+        return reason, 2
     code = 2 if isinstance(err, ValueError | FileNotFoundError) else 1
     stage = failed_stage(err)
     if stage is None:

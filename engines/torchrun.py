@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from draftsmith import procs, runlock
+
 RDZV_ENDPOINT_ENV = "DRAFTSMITH_RDZV_ENDPOINT"
 # JOB_COMPLETION_INDEX is what a Kubernetes Indexed Job gives each pod.
 NODE_RANK_ENVS = ("DRAFTSMITH_NODE_RANK", "JOB_COMPLETION_INDEX")
@@ -293,9 +295,11 @@ def _supervise(
 ) -> None:  # fmt: skip
     since_ns = time.time_ns() - 1_000_000_000  # mtime granularity slack
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    # torchrun dies with us (this thread waits for it) and holds the run folder's lock while it lives, so a
+    # rerun cannot start while a trainer of a killed run still writes. The ranks arm their own death signal.
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env, text=True, errors="replace",
-        start_new_session=True,
+        pass_fds=runlock.inherited_fds(), **procs.popen_kwargs(caller_waits=True),
     )  # fmt: skip
     reader = threading.Thread(target=_stream, args=(proc, log, tail), name="torchrun-log", daemon=True)
     reader.start()

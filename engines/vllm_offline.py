@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from draftsmith import procs
 from engines import vllm_worker
 from engines.base import ChatRequest, Completion, SamplingParams, template_hash
 
@@ -150,7 +151,7 @@ class _Worker:
             stdout=subprocess.PIPE,
             stderr=self._log,
             env=env,
-            start_new_session=True,
+            **procs.popen_kwargs(),  # its own group (stop_process), and gone with us even on SIGKILL
         )
         self._lines: queue.Queue[bytes] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from draftsmith import procs
 from engines.vllm_offline import default_vllm_python, log_tail, stop_process
 from engines.vllm_worker import VLLM_ENV_DEFAULTS
 
@@ -141,7 +142,7 @@ class VLLMServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                start_new_session=True,
+                **procs.popen_kwargs(),  # its own group (stop_process), and gone with us even on SIGKILL
             )
         try:
             self._wait_ready()

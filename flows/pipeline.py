@@ -5,7 +5,7 @@ Logic lives in `tasks/` and `draftsmith/dispatch.py`; this file only wires it.
 
 from prefect import flow
 
-from draftsmith import dispatch, storage
+from draftsmith import dispatch, runlock, storage
 from draftsmith.config import PipelineConfig, record_recipe
 from draftsmith.manifest import StageManifest
 from flows.stages import run_here
@@ -30,14 +30,17 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
     directly, every stage runs here. Online hidden states have no stage: training consumes the stream.
     """
     run_dir = run_dir or default_run_dir(config)
-    record_recipe(config, run_dir)
-    pool = dispatch.current_pool()
-    done: dict[str, StageManifest | None] = {}
-    for stage in dispatch.STAGES:
-        try:
-            done[stage] = dispatch.run_stage(config, stage, run_dir, done, run_here, pool)
-        except Exception as err:
-            # Tagged, not wrapped: retry policies and callers still see the stage's own exception type.
-            setattr(err, _STAGE_ATTR, stage)
-            raise
-    return done
+    # Taken here, not in the CLI, so deployment runs hold it too; the `stage/<pool>` flow runs this one
+    # dispatches write while it holds the lock and take none of their own.
+    with runlock.hold(run_dir):
+        record_recipe(config, run_dir)
+        pool = dispatch.current_pool()
+        done: dict[str, StageManifest | None] = {}
+        for stage in dispatch.STAGES:
+            try:
+                done[stage] = dispatch.run_stage(config, stage, run_dir, done, run_here, pool)
+            except Exception as err:
+                # Tagged, not wrapped: retry policies and callers still see the stage's own exception type.
+                setattr(err, _STAGE_ATTR, stage)
+                raise
+        return done

@@ -23,7 +23,7 @@ from drafters.training import fsdp, run
 from drafters.training.checkpoint import Checkpoints
 from drafters.training.loop import Trainer
 from drafters.training.target_parts import load_target_parts, target_head
-from draftsmith import storage, tensorio
+from draftsmith import procs, storage, tensorio
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.config.drafter import parse_drafter
 from draftsmith.config.train import TrainConfig
@@ -144,4 +144,6 @@ def _exit_without_finalizing() -> None:
 
 
 if __name__ == "__main__":
+    # torchrun starts ranks in their own sessions and cannot stop them when it is SIGKILLed itself.
+    procs.die_with_parent()
     main()

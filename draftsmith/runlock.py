@@ -1,0 +1,173 @@
+"""One writer per run folder: `hold(run_dir)` for the life of a pipeline run.
+
+A local run folder is locked with `flock` on `<run>/.lock`. The lock belongs to an open file, so the kernel
+drops it when every process holding that file is gone: a killed run leaves no lock behind, only its holder
+record (host, pid, start time, command) in the file, which the next run overwrites. The trainer's torchrun
+inherits the open file (`inherited_fds`), so a rerun is refused while an old trainer is still writing.
+
+Object-store run folders are not locked (a warning says so): a lease there needs a conditional put.
+"""
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+log = logging.getLogger("draftsmith.runlock")
+
+LOCK_NAME = ".lock"
+# tempfile.mkstemp(prefix=".<name>.", suffix=".tmp") as draftsmith.storage's atomic writes name them.
+_TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
+
+
+class RunFolderBusy(ValueError):
+    """Another live process holds the run folder. A ValueError, so `draftsmith run` exits 2."""
+
+    def __init__(self, run_dir: str, holder: dict | None) -> None:
+        self.run_dir, self.holder = run_dir, holder or {}
+        h = self.holder
+        super().__init__(
+            f"run folder {run_dir} is in use by pid {h.get('pid', '?')} on {h.get('host', '?')} "
+            f"since {h.get('started', '?')} (started by: {h.get('command', '?')})"
+        )
+
+
+class _Held:
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd, self.depth = path, fd, 1
+
+
+# Keyed by the lock file's resolved path: a nested hold in this process (a subflow on the same folder) must
+# not flock the file a second time, which would conflict with our own first open file.
+_held: dict[Path, _Held] = {}
+_guard = threading.Lock()
+
+
+def _command() -> str:
+    from draftsmith.redact import redact  # a --set value may carry a secret
+
+    cmd = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else sys.executable
+    flow_run = os.environ.get("PREFECT__FLOW_RUN_ID")
+    return redact(cmd + (f" (flow run {flow_run})" if flow_run else ""))[:500]
+
+
+def read_holder(path: Path) -> dict | None:
+    """The holder record in a lock file, or None when it is missing or half-written."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _acquire_local(run_dir: str, folder: Path) -> _Held:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = (folder / LOCK_NAME).resolve()
+    with _guard:
+        if (held := _held.get(path)) is not None:
+            held.depth += 1
+            return held
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunFolderBusy(run_dir, read_holder(path)) from None
+        old = read_holder(path)
+        if old and old.get("pid") != os.getpid():
+            # The lock was free, so whatever this record names is gone (or no longer holds the folder).
+            state = "no longer running" if not _pid_alive(old.get("pid")) else "no longer holding it"
+            log.info(
+                "run folder %s: taking over from pid %s on %s (%s)", run_dir, old.get("pid"), old.get("host"), state
+            )
+        record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": _command(),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+        held = _held[path] = _Held(path, fd)
+        return held
+
+
+def _release_local(held: _Held) -> None:
+    with _guard:
+        held.depth -= 1
+        if held.depth > 0:
+            return
+        _held.pop(held.path, None)
+        # The record stays: it is only read while the file is locked, and names the last holder afterwards.
+        os.close(held.fd)
+
+
+@contextlib.contextmanager
+def hold(run_dir: str) -> Iterator[None]:
+    """Hold `run_dir` for the block, or raise RunFolderBusy naming the process that holds it."""
+    from draftsmith import storage
+
+    if not storage.is_local(run_dir):
+        log.warning(
+            "run folder %s is not on a local filesystem: no lock is taken, so nothing stops a second run "
+            "from writing into it at the same time",
+            run_dir,
+        )
+        yield
+        return
+    held = _acquire_local(run_dir, storage.local_path(run_dir))
+    try:
+        yield
+    finally:
+        _release_local(held)
+
+
+def inherited_fds() -> tuple[int, ...]:
+    """Open lock files a child that writes into a run folder should inherit (`Popen(pass_fds=...)`).
+
+    While such a child lives the lock stays held, even after this process is killed.
+    """
+    with _guard:
+        return tuple(h.fd for h in _held.values())
+
+
+def remove_stale_temps(folder: str) -> list[str]:
+    """Delete atomic-write temp files (`.<name>.XXXXXXXX.tmp`) left directly in a local `folder` by a
+    writer that was killed mid-write; returns their names. Only safe for the folder's one writer."""
+    from draftsmith import storage
+
+    if not storage.is_local(folder):
+        return []  # object-store writes are single PUTs: no temp files
+    path = storage.local_path(folder)
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in path.iterdir():
+            if _TEMP.match(entry.name) and entry.is_file():
+                entry.unlink(missing_ok=True)
+                removed.append(entry.name)
+    if removed:
+        log.info("%s: removed %d temp files of an interrupted write: %s", folder, len(removed), ", ".join(removed))
+    return sorted(removed)

@@ -1,0 +1,100 @@
+"""No orphans: SIGKILL of the process that launched torchrun takes torchrun and every rank with it within a few
+seconds, and until then torchrun holds the run folder's lock, so a rerun cannot start beside an old trainer.
+
+Run as a module (`python -m tests.faults.test_fault_orphans PID_DIR`), this file is the rank: it records its pid
+and its parent's (torchrun) and sleeps.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_LAUNCHER = """
+import contextlib, logging, sys
+try:
+    from draftsmith.runlock import hold
+except ImportError:
+    hold = lambda run_dir: contextlib.nullcontext()
+from engines.torchrun import TorchrunSpec, run_torchrun
+run_dir, pid_dir, root = sys.argv[1:4]
+spec = TorchrunSpec(module="tests.faults.test_fault_orphans", args=[pid_dir], nnodes=1, nproc_per_node=2,
+                    threads_per_rank=1)
+with hold(run_dir):
+    run_torchrun(spec, log=logging.getLogger("launcher"), env={"PYTHONPATH": root}, timeout_s=300)
+"""
+DEATH_S = 5.0
+
+
+def _alive(pid: int) -> bool:
+    from engines.torchrun import process_alive
+
+    return process_alive(pid)
+
+
+def _wait_for_ranks(pid_dir: Path, launcher: subprocess.Popen) -> dict[int, int]:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        files = list(pid_dir.glob("*.pid"))
+        if len(files) == 2:
+            return {int(f.stem): int(f.read_text()) for f in files}
+        assert launcher.poll() is None, "the launcher exited before its ranks started"
+        time.sleep(0.1)
+    raise AssertionError("the ranks did not start within 90 s")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_sigkill_of_the_launcher_leaves_no_torchrun_or_rank(tmp_path):
+    run_dir, pid_dir = tmp_path / "run", tmp_path / "pids"
+    pid_dir.mkdir()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER, str(run_dir), str(pid_dir), str(ROOT)], cwd=ROOT
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+        ranks = _wait_for_ranks(pid_dir, launcher)
+        torchrun = set(ranks.values())
+        assert len(torchrun) == 1, ranks
+        pids = [*ranks, *torchrun]
+        # torchrun holds the lock file open: the folder stays taken while it lives, whoever started it.
+        lock = str((run_dir / ".lock").resolve())
+        fds = [os.readlink(p) for p in Path(f"/proc/{next(iter(torchrun))}/fd").iterdir()]
+
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + DEATH_S
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [p for p in pids if _alive(p)]
+        assert not left, f"still running {DEATH_S:g} s after the launcher was killed: {left} of {pids}"
+        assert lock in fds, f"torchrun did not hold the run folder's lock file open: {fds}"
+
+        from draftsmith import runlock
+
+        with runlock.hold(str(run_dir)):  # nobody holds it any more
+            pass
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for pid in pids:  # never leave them behind, even when the test fails
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+if __name__ == "__main__":
+    try:
+        from draftsmith.procs import die_with_parent
+    except ImportError:
+        pass
+    else:
+        die_with_parent()  # what drafters.training.worker does first
+    Path(sys.argv[1], f"{os.getpid()}.pid").write_text(str(os.getppid()))
+    time.sleep(120)
