@@ -1,9 +1,10 @@
 """Prefect cache keys that also check a stage's artifacts still exist.
 
-A key made of inputs and source alone would happily replay a manifest whose files were deleted. Here,
-no valid manifest on disk means no key at all (the task runs), and a valid one folds its own key and
-file hashes in. So the first rerun after a stage completes runs the task body, which finds the valid
-manifest on disk and returns it without work; later reruns are Prefect cache hits.
+A key made of inputs and source alone would happily replay a manifest whose files were deleted or
+changed. Here, no valid manifest on disk (every file present with its recorded size and digest) means no
+key at all (the task runs), and a valid one folds its own key and file digests in. So the first rerun
+after a stage completes runs the task body, which finds the valid manifest on disk and returns it without
+work; later reruns are Prefect cache hits.
 
 Each stage task run is named `<task>[<run>]` and, when its body runs, publishes the stage's markdown
 summary (`draftsmith.ui`). The summary wrapper keeps the stage function's identity (`functools.wraps`, and
@@ -44,7 +45,7 @@ def artifact_cache_key(stage: str) -> Callable[[Any, dict[str, Any]], str | None
         for name in sorted(parameters):
             h.update(f"\0{name}={_param_fingerprint(parameters[name])}".encode())
         h.update(manifest.key.encode())
-        h.update(",".join(f.sha256 for f in manifest.files).encode())
+        h.update(",".join(f.digest for f in manifest.files).encode())
         return h.hexdigest()
 
     return key_fn

@@ -4,6 +4,7 @@ throughput against concurrency."""
 import argparse
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from draftsmith.config import PipelineConfig, load_recipe
@@ -42,6 +43,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from draftsmith.stage import IntegrityError
     from evals.loaders import parse_bench_arg
     from tasks.evaluate import evaluate_checkpoint, format_table
 
@@ -60,9 +62,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     digest = hashlib.sha256(json.dumps([args.checkpoint, ev_cfg.model_dump(mode="json")], sort_keys=True).encode())
     out = args.out or str(Path(args.checkpoint).resolve().parent / f"eval-{digest.hexdigest()[:12]}")
     Path(out).mkdir(parents=True, exist_ok=True)
-    results, _ = evaluate_checkpoint(
-        ev_cfg, cfg.drafter, cfg.target, None, args.checkpoint, seed=cfg.seed, uri=out, key=digest.hexdigest()
-    )
+    try:
+        results, _ = evaluate_checkpoint(
+            ev_cfg, cfg.drafter, cfg.target, None, args.checkpoint, seed=cfg.seed, uri=out, key=digest.hexdigest()
+        )
+    except IntegrityError as err:  # a checkpoint that is not what training recorded: say which file, no traceback
+        print(f"eval failed: {err}", file=sys.stderr)
+        return 1
     print(format_table(results))
     print(f"results: {out}/results.json")
     return 0

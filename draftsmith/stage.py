@@ -4,6 +4,11 @@ A stage folder holds its artifacts, a `.stage-key` naming the inputs its partial
 `manifest.json`, written last. A rerun with the same key returns the manifest without work; a rerun
 after a crash keeps the finished shards (stages resume shard by shard); a rerun with a different key
 starts the folder afresh, because its partial work answers other inputs.
+
+A manifest is current only while every file it lists has its recorded size and content digest; a file
+that differs is named in one log line and the stage is recomputed (resumable stages re-check their own
+committed shards). Downstream keys fold in upstream digests, so they follow a recomputed upstream only
+when its content changed.
 """
 
 import hashlib
@@ -39,7 +44,7 @@ class StageResult:
 def _fingerprint(value: Any) -> str:
     if isinstance(value, StageManifest):
         # Content, not timestamps: a recomputed but identical upstream keeps downstream keys stable.
-        return value.key + ":" + ",".join(f.sha256 for f in value.files)
+        return value.key + ":" + ",".join(f.digest for f in value.files)
     if isinstance(value, BaseModel):
         return value.model_dump_json()
     return repr(value)
@@ -55,18 +60,42 @@ def stage_key(stage: str, code: Iterable[ModuleType], **inputs: Any) -> str:
     return h.hexdigest()
 
 
+class IntegrityError(ValueError):
+    """A finished stage's file no longer matches its manifest (the message names the file)."""
+
+
 def load_manifest(stage_uri: str) -> StageManifest | None:
+    """The manifest in `stage_uri`, describing the files there (wherever it was first written)."""
     url = storage.join(stage_uri, MANIFEST)
     if not storage.exists(url):
         return None
-    return StageManifest.model_validate(storage.read_json(url))
+    return StageManifest.model_validate(storage.read_json(url)).bound_to(stage_uri)
 
 
 def valid_manifest(stage_uri: str, key: str) -> StageManifest | None:
-    """The finished manifest for `key`, if its artifacts are all still there."""
+    """The finished manifest for `key`, if its artifacts are all still there with their recorded content."""
     manifest = load_manifest(stage_uri)
-    if manifest is None or manifest.key != key or not manifest.artifacts_present():
+    if manifest is None or manifest.key != key:
         return None
+    problem = manifest.problem()
+    if problem is not None:
+        log.warning("%s: %s; recomputing the stage", manifest.stage, problem)
+        return None
+    return manifest
+
+
+def verify_stage(stage_uri: str) -> StageManifest | None:
+    """The manifest of `stage_uri` after checking its files (None when the folder holds no manifest).
+
+    Raises `IntegrityError` naming the first file that is missing or differs from its record, so a tool
+    that uses the files (export, eval) never works from a silently damaged checkpoint.
+    """
+    manifest = load_manifest(stage_uri)
+    if manifest is None:
+        return None
+    problem = manifest.problem()
+    if problem is not None:
+        raise IntegrityError(f"{problem} (does not match {storage.join(stage_uri, MANIFEST)})")
     return manifest
 
 
@@ -101,6 +130,6 @@ def run_stage(stage: str, stage_uri: str, key: str, compute: Callable[[str], Sta
         info=result.info,
         seconds=round(time.perf_counter() - start, 3),
     )
-    storage.write_json(storage.join(stage_uri, MANIFEST), manifest.model_dump(mode="json"))
+    storage.write_json(storage.join(stage_uri, MANIFEST), manifest.to_disk())
     log.info("%s: done in %.1f s (%s)", stage, manifest.seconds, stage_uri)
     return manifest

@@ -21,7 +21,7 @@ from draftsmith.caching import stage_task
 from draftsmith.config import DrafterConfig, EvaluateConfig, TargetConfig
 from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.progress import Progress, stage_progress
-from draftsmith.stage import StageResult, run_stage, stage_key
+from draftsmith.stage import StageResult, run_stage, stage_key, verify_stage
 from engines import hf
 from evals import evaluation, harness, loaders, plots, report, suites
 from evals.records import BenchPrompt
@@ -119,6 +119,7 @@ def evaluate_checkpoint(
 ) -> tuple[dict, list]:
     """Evaluate the drafter checkpoint at `checkpoint_uri` (a train stage or an export folder) and write its
     results, per-turn rows, plots and calibration under `uri`; returns `(results, file entries)`."""
+    verify_stage(checkpoint_uri)  # a train folder's files must match its manifest; an export folder has none
     family = families.family(drafter_cfg.kind)
     model, tok = hf.load_target(target)
     drafter, taps = family.load(checkpoint_uri, model)

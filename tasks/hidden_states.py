@@ -11,10 +11,10 @@ import logging
 import sys
 from collections.abc import Iterator
 
-from draftsmith import storage
+from draftsmith import runlock, storage
 from draftsmith.caching import stage_task
 from draftsmith.config import HiddenStatesConfig, TargetConfig
-from draftsmith.manifest import FileEntry, StageManifest
+from draftsmith.manifest import FileEntry, StageManifest, entry
 from draftsmith.pools import gpu_slots
 from draftsmith.progress import stage_progress
 from draftsmith.stage import StageResult, load_manifest, run_stage, stage_key
@@ -69,6 +69,9 @@ def capture_hidden_states(
     key = stage_key(STAGE, code, cfg=cfg, target=target, tokens=tokens)
 
     def compute(uri: str) -> StageResult:
+        # A killed capture can leave a half-written `.index.jsonl.*.tmp`; this stage is the folder's one writer.
+        for folder in (uri, storage.join(uri, offline_store.COMMITS)):
+            runlock.remove_stale_temps(folder)
         writer = ShardWriter(uri, store_info(cfg, target, tokens), cfg.shard_samples)
         if writer.commits:
             log.info("hidden_states: resuming after %d committed samples", writer.committed_samples)
@@ -87,10 +90,14 @@ def capture_hidden_states(
                 finally:
                     engine.close()
             dataset = writer.finish()
-        files = [FileEntry(name=s["shard"], bytes=s["bytes"], sha256=s["sha256"]) for s in dataset["shards"]]
+        files = [
+            FileEntry(
+                name=s["shard"], bytes=s["bytes"], digest=s.get("digest", s["sha256"]), algo=s.get("algo", "sha256")
+            )
+            for s in dataset["shards"]
+        ]
         for name in (offline_store.INDEX, offline_store.DATASET):
-            data = storage.read_bytes(storage.join(uri, name))
-            files.append(FileEntry(name=name, bytes=len(data), sha256=storage.sha256(data)))
+            files.append(entry(name, storage.read_bytes(storage.join(uri, name))))
         counts = {
             "samples": dataset["samples"],
             "tokens": dataset["tokens"],

@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import RegenerateConfig, TargetConfig
-from draftsmith.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.manifest import FileEntry, StageManifest, entry, file_entry
 from draftsmith.progress import Progress, stage_progress
 from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
@@ -140,15 +140,28 @@ def _chunk_url(uri: str, index: int) -> str:
     return storage.join(uri, "chunks", f"{index:05d}.json")
 
 
-def _committed(uri: str) -> list[_Chunk]:
-    """Chunks whose commit record exists, in index order (a shard without one is redone)."""
-    chunks = []
+def _committed(uri: str) -> tuple[list[_Chunk], list[_Chunk]]:
+    """Chunks whose commit record exists, in index order (a shard without one is redone): those whose shard
+    still matches the record, and those whose shard does not (to redo under their own index)."""
+    intact, damaged = [], []
     for name in storage.list_names(uri):
         match = _SHARD.fullmatch(name)
         if match and storage.exists(_chunk_url(uri, int(match[1]))):
             rec = storage.read_json(_chunk_url(uri, int(match[1])))
-            chunks.append(_Chunk(int(match[1]), name, rec["prompt_ids"], rec["rejected"]))
-    return sorted(chunks, key=lambda c: c.index)
+            chunk = _Chunk(int(match[1]), name, rec["prompt_ids"], rec["rejected"])
+            problem = _shard_problem(uri, name, rec)
+            if problem is not None:
+                log.warning("regenerate: %s; answering chunk %d again", problem, chunk.index)
+            (intact if problem is None else damaged).append(chunk)
+    return sorted(intact, key=lambda c: c.index), sorted(damaged, key=lambda c: c.index)
+
+
+def _shard_problem(uri: str, shard: str, record: dict) -> str | None:
+    """Why the shard differs from its commit record; records from before digests were kept are trusted."""
+    if "digest" not in record:
+        return None
+    entry = FileEntry(name=shard, bytes=record["bytes"], digest=record["digest"], algo=record["algo"])
+    return entry.problem(storage.join(uri, shard))
 
 
 def _run_chunk(
@@ -164,9 +177,11 @@ def _run_chunk(
         else:
             reason, detail = fork.drop
             rejects.add(source=shard, reason=reason, detail=detail, row_id=fork.id, raw=json.dumps(fork.row()))
-    storage.write_jsonl(storage.join(uri, shard), kept)
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept).encode()
+    written = file_entry(uri, shard, data)
     chunk = _Chunk(index, shard, [r.id for r in records], rejects.rows)
-    storage.write_json(_chunk_url(uri, index), {"prompt_ids": chunk.prompt_ids, "rejected": chunk.rejected})
+    record = {"prompt_ids": chunk.prompt_ids, "rejected": chunk.rejected, "bytes": written.bytes}
+    storage.write_json(_chunk_url(uri, index), record | {"digest": written.digest, "algo": written.algo})
     return chunk
 
 
@@ -215,12 +230,19 @@ def _generate(
     engine: TargetEngine, cfg: RegenerateConfig, uri: str, records: list[PromptRecord], seed: int, progress: Progress
 ) -> list[_Chunk]:
     """Commit chunks until every prompt id is answered; the chunks in index order. `progress` counts prompts."""
-    chunks = _committed(uri)
+    chunks, damaged = _committed(uri)
     done = {pid for c in chunks for pid in c.prompt_ids}
-    pending = [r for r in records if r.id not in done]
     if chunks:
-        log.info("regenerate: resuming; %d of %d prompts already committed", len(records) - len(pending), len(records))
-    progress.update(len(records) - len(pending))
+        log.info("regenerate: resuming; %d of %d prompts already committed", len(done), len(records))
+    progress.update(len(done))
+    by_id = {r.id: r for r in records}
+    for bad in damaged:  # the same prompts under the same index (and so seed) as the first time
+        redo = [by_id[pid] for pid in bad.prompt_ids if pid in by_id]
+        chunks.append(_run_chunk(engine, cfg, uri, bad.index, redo, seed))
+        done.update(r.id for r in redo)
+        progress.advance(len(redo))
+    chunks.sort(key=lambda c: c.index)
+    pending = [r for r in records if r.id not in done]
     index = max((c.index for c in chunks), default=-1) + 1
     for start in range(0, len(pending), cfg.shard_size):
         chunks.append(_run_chunk(engine, cfg, uri, index, pending[start : start + cfg.shard_size], seed))
@@ -283,7 +305,7 @@ def _finish(cfg: RegenerateConfig, uri: str, chunks: list[_Chunk], num_prompts: 
     kept = 0
     for chunk in chunks:
         data = storage.read_bytes(storage.join(uri, chunk.shard))
-        files.append(FileEntry(name=chunk.shard, bytes=len(data), sha256=storage.sha256(data)))
+        files.append(entry(chunk.shard, data))
         kept += data.count(b"\n")
     rejects = Rejects(STAGE, rows=[row for c in chunks for row in c.rejected])
     files.append(rejects.write(uri))

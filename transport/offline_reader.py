@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith import storage
+from draftsmith.manifest import FileEntry
 from transport.offline_store import DATASET, FORMAT_VERSION, INDEX, StoreInfo
 from transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, decode
 
@@ -135,6 +136,7 @@ class OfflineDataset:
             raise ValueError(f"{meta_url}: store format version {self.meta.get('version')}, expected {FORMAT_VERSION}")
         self.info = StoreInfo.from_json({k: v for k, v in self.meta.items() if k in StoreInfo.__dataclass_fields__})
         self.index = storage.read_jsonl(storage.join(uri, INDEX))
+        self._records = {s["shard"]: s for s in self.meta["shards"]}
         self._shards: dict[str, _Shard] = {}
         self._lock = threading.Lock()
 
@@ -152,8 +154,18 @@ class OfflineDataset:
     def _shard(self, name: str) -> _Shard:
         with self._lock:
             if name not in self._shards:
-                self._shards[name] = _Shard(storage.join(self.uri, name))
+                self._shards[name] = _Shard(self._checked_size(name))
             return self._shards[name]
+
+    def _checked_size(self, name: str) -> str:
+        """The shard's URL, once its size is the recorded one: a cut shard would otherwise surface as a
+        reshape error deep in training, naming no file."""
+        url = storage.join(self.uri, name)
+        want = self._records.get(name, {}).get("bytes")
+        got = storage.size(url)
+        if want is not None and got != want:
+            raise ValueError(f"{url}: {got} bytes, {DATASET} recorded {want}; the store is damaged, capture it again")
+        return url
 
     def _spans(self, i: int, shard: _Shard) -> dict[str, tuple[int, int]]:
         row = self.index[i]
@@ -187,11 +199,13 @@ class OfflineDataset:
         return self.get_many([i])[0]
 
     def verify(self) -> None:
-        """Check every shard's size and sha256 against `dataset.json` (reads every byte)."""
+        """Check every shard's size and digest against `dataset.json` (reads every byte, streamed)."""
         for s in self.meta["shards"]:
-            data = storage.read_bytes(storage.join(self.uri, s["shard"]))
-            if len(data) != s["bytes"] or storage.sha256(data) != s["sha256"]:
-                raise ValueError(f"{storage.join(self.uri, s['shard'])}: size or sha256 differs from {DATASET}")
+            digest, algo = (s["digest"], s["algo"]) if "digest" in s else (s["sha256"], "sha256")
+            record = FileEntry(name=s["shard"], bytes=s["bytes"], digest=digest, algo=algo)
+            problem = record.problem(storage.join(self.uri, s["shard"]))
+            if problem is not None:
+                raise ValueError(f"{problem} ({DATASET})")
 
 
 class PrefetchLoader:

@@ -7,10 +7,11 @@ Layout under the store URL (a local folder or any fsspec URL, `s3://` included):
   `offsets[i]:offsets[i+1]` of the per-token tensors and `last_offsets[i]:last_offsets[i+1]` of `last_*`).
 - `commits/NNNNN.json`: written only after its shard is completely written (atomic rename locally; an S3
   PUT is visible only once complete), so a shard enters the index only when whole. A rerun resumes after
-  the last committed shard.
+  the last committed shard whose file still matches its commit (size and digest); from the first one that
+  does not, the commits are dropped and those shards written again.
 - `index.jsonl` (one row per sample: id, shard, row, offsets, seq_len, loss-token count) and
   `dataset.json` (format version, codec, taps and their convention, capture points, target and tokenizer
-  hashes, and per shard its bytes, sample count and sha256) are written by `finish()`.
+  hashes, and per shard its bytes, sample count, sha256 and fast `digest`/`algo`) are written by `finish()`.
 """
 
 import logging
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from draftsmith import storage, tensorio
+from draftsmith.manifest import FAST_HASH, FileEntry, digest
 from transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, StoreCodec, encode
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ FORMAT_VERSION = 2
 COMMITS = "commits"
 INDEX = "index.jsonl"
 DATASET = "dataset.json"
+SHARD_FIELDS = ("shard", "bytes", "sha256", "digest", "algo", "samples", "tokens")
 
 
 def shard_name(k: int) -> str:
@@ -117,6 +120,23 @@ class ShardWriter:
                 raise ValueError(
                     f"{self.uri}/{COMMITS}: shard {k} is missing but shard {c['shard_index']} is committed"
                 )
+        return self._verified(commits)
+
+    def _verified(self, commits: list[dict]) -> list[dict]:
+        """The leading commits whose shard files still match them; later ones are dropped, to be redone,
+        because resume skips samples by count and so needs every earlier shard intact."""
+        for k, c in enumerate(commits):
+            algo = c.get("algo", "sha256")
+            record = FileEntry(name=c["shard"], bytes=c["bytes"], digest=c.get("digest", c["sha256"]), algo=algo)
+            problem = record.problem(storage.join(self.uri, c["shard"]))
+            if problem is None:
+                continue
+            log.warning(
+                "hidden store: %s; dropping commits %d..%d and capturing them again", problem, k, len(commits) - 1
+            )
+            for dropped in commits[k:]:
+                storage.remove_tree(storage.join(self.uri, COMMITS, f"{dropped['shard_index']:05d}.json"))
+            return commits[:k]
         return commits
 
     @property
@@ -141,6 +161,8 @@ class ShardWriter:
             "shard": name,
             "bytes": len(blob),
             "sha256": storage.sha256(blob),
+            "digest": digest(blob),
+            "algo": FAST_HASH,
             "samples": len(rows),
             "tokens": sum(r["length"] for r in rows),
             "rows": rows,
@@ -158,7 +180,7 @@ class ShardWriter:
         dataset = {
             "version": FORMAT_VERSION,
             **self.info.to_json(),
-            "shards": [{k: c[k] for k in ("shard", "bytes", "sha256", "samples", "tokens")} for c in self.commits],
+            "shards": [{k: c[k] for k in SHARD_FIELDS if k in c} for c in self.commits],
             "samples": len(index),
             "tokens": sum(r["length"] for r in index),
             "loss_tokens": sum(r["loss_tokens"] for r in index),

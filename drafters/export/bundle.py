@@ -281,7 +281,6 @@ def export_run(
     if platform not in engines.PLATFORMS:
         raise guards.ExportError(f"platform {platform!r}: expected one of {', '.join(engines.PLATFORMS)}")
     from draftsmith.config import load_recipe
-    from draftsmith.stage import load_manifest
     from draftsmith.target_setup import resolve_target
 
     recipe = recipe or storage.join(run_dir, "recipe.yaml")
@@ -289,9 +288,7 @@ def export_run(
         raise guards.ExportError(f"{recipe}: recipe not found; pass --recipe with the recipe the run used")
     cfg = load_recipe(recipe)
     train_dir = storage.join(run_dir, "train")
-    manifest = load_manifest(train_dir)
-    if manifest is None:
-        raise guards.ExportError(f"{storage.join(train_dir, 'manifest.json')}: the train stage has not finished")
+    manifest = guards.check_checkpoint(train_dir)
     trained = storage.read_json(storage.join(train_dir, CONFIG)).get("draftsmith") or {}
     kind = manifest.info.get("drafter") or trained.get("method") or cfg.drafter.kind
     method = method_of(kind)

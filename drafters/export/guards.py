@@ -4,10 +4,15 @@ Every failure raises `ExportError` naming the key, field or file at fault. The c
 `(tensors, config.json)` pair, so they catch a broken export however it was produced.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from drafters import vocab
 from drafters.export import engines
+
+if TYPE_CHECKING:
+    from draftsmith.manifest import StageManifest
 
 
 class ExportError(ValueError):
@@ -80,3 +85,17 @@ def check_embedding(weight: torch.Tensor, target_embed_VH: torch.Tensor | None, 
     if not torch.allclose(w, target.to(weight.dtype).float(), rtol=0.0, atol=0.0):
         if not torch.allclose(w, target, rtol=2**-7, atol=1e-6):
             raise ExportError(f"{name}: the embedding differs from the target's input embedding")
+
+
+def check_checkpoint(train_dir: str) -> "StageManifest":
+    """The train stage's manifest, after checking every file it lists against its recorded size and digest:
+    an export of a damaged checkpoint would serve weights nobody trained."""
+    from draftsmith.stage import IntegrityError, verify_stage
+
+    try:
+        manifest = verify_stage(train_dir)
+    except IntegrityError as err:
+        raise ExportError(str(err)) from None
+    if manifest is None:
+        raise ExportError(f"{train_dir}/manifest.json: the train stage has not finished")
+    return manifest

@@ -25,8 +25,8 @@ def test_online_training_equals_offline_training_bitwise(tiny_cfg, tiny_run, tmp
     assert m.info["hidden_states"] == "online" and offline.info["hidden_states"] == "offline"
     assert m.counts["samples"] == c.train.epochs * n  # every sample, once per epoch
     assert m.counts["steps"] == offline.counts["steps"]
-    got = {f.name: f.sha256 for f in m.files}
-    want = {f.name: f.sha256 for f in offline.files}
+    got = {f.name: f.digest for f in m.files}
+    want = {f.name: f.digest for f in offline.files}
     assert got["model.safetensors"] == want["model.safetensors"]
     timing = {"tokens_per_s", "mfu"}  # wall-clock figures; everything else is computed and must agree
 

@@ -118,7 +118,7 @@ def test_the_stage_writes_the_same_store_to_s3_as_to_disk(s3, tiny_cfg, tiny_run
     m = capture_hidden_states(c.hidden_states, c.target, tiny_run["tokenize"], out_uri="s3://draftsmith/tiny/hs")
     local = tiny_run["hidden_states"]
     assert m.counts == local.counts
-    assert {f.name: f.sha256 for f in m.files if f.name.startswith("shard-")} == {
-        f.name: f.sha256 for f in local.files if f.name.startswith("shard-")
+    assert {f.name: f.digest for f in m.files if f.name.startswith("shard-")} == {
+        f.name: f.digest for f in local.files if f.name.startswith("shard-")
     }
     OfflineDataset(m.uri).verify()

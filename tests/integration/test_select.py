@@ -171,7 +171,7 @@ def test_deterministic_by_seed_and_keyed_on_file_content(tiny_cfg, tmp_path):
     a = select_prompts(cfg, tiny_cfg.target, seed=3, out_uri=str(tmp_path / "a"))
     b = select_prompts(cfg, tiny_cfg.target, seed=3, out_uri=str(tmp_path / "b"))
     c = select_prompts(cfg, tiny_cfg.target, seed=4, out_uri=str(tmp_path / "c"))
-    assert a.key == b.key and [f.sha256 for f in a.files] == [f.sha256 for f in b.files]
+    assert a.key == b.key and [f.digest for f in a.files] == [f.digest for f in b.files]
     assert read_prompts(a, "eval") != read_prompts(c, "eval")
     with open(paths["jsonl"], "ab") as fh:
         fh.write(json.dumps({"category": "chat", "prompt": "A brand new question about volcanoes."}).encode() + b"\n")

@@ -173,8 +173,8 @@ def test_a_supervised_rows_store_trains_the_same_drafter(tiny_cfg, tiny_run, tmp
     m = capture_hidden_states(hs, c.target, tiny_run["tokenize"], out_uri=str(tmp_path / "hs"))
     assert m.counts["bytes"] < tiny_run["hidden_states"].counts["bytes"]
     t = train(c.train, c.drafter, c.target, hs, tiny_run["tokenize"], m, seed=c.seed, out_uri=str(tmp_path / "train"))
-    want = {f.name: f.sha256 for f in tiny_run["train"].files}
-    assert {f.name: f.sha256 for f in t.files}["model.safetensors"] == want["model.safetensors"]
+    want = {f.name: f.digest for f in tiny_run["train"].files}
+    assert {f.name: f.digest for f in t.files}["model.safetensors"] == want["model.safetensors"]
 
 
 def test_a_crashed_capture_resumes_after_its_committed_shards(tiny_cfg, tiny_run, tmp_path, monkeypatch):
@@ -204,4 +204,4 @@ def test_a_crashed_capture_resumes_after_its_committed_shards(tiny_cfg, tiny_run
     m = capture_hidden_states(c.hidden_states, c.target, tiny_run["tokenize"], out_uri=uri)
     shard = c.hidden_states.shard_samples
     assert len(captured) == m.counts["samples"] - shard  # the committed shard was not captured again
-    assert [(f.name, f.sha256) for f in m.files] == [(f.name, f.sha256) for f in tiny_run["hidden_states"].files]
+    assert [(f.name, f.digest) for f in m.files] == [(f.name, f.digest) for f in tiny_run["hidden_states"].files]

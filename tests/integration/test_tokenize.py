@@ -110,8 +110,8 @@ def test_changing_one_shard_retokenizes_only_that_shard(tiny_cfg, tmp_path, monk
     shards[1][0] = _conv(99, turns=2)
     second = tokenize(cfg, tiny_cfg.target, _corpus(tmp_path, shards, name="r2"), out_uri=str(tmp_path / "b"))
     assert seen == ["conversations-00001.jsonl"]
-    assert [f.sha256 for f in second.files if f.name != "tokens-00001.safetensors"] == [
-        f.sha256 for f in first.files if f.name != "tokens-00001.safetensors"
+    assert [f.digest for f in second.files if f.name != "tokens-00001.safetensors"] == [
+        f.digest for f in first.files if f.name != "tokens-00001.safetensors"
     ]
     assert "c99" in {s["id"] for s in _samples(second)} and second.counts["samples"] == first.counts["samples"]
 
