@@ -1,0 +1,276 @@
+"""Fault scenarios shared by `benchmarks/faults.py` and `tests/faults`: a flaky OpenAI-compatible server
+driven through the regenerate stage, and a DCP checkpoint whose pickles would run code on resume.
+
+Each scenario is a plain function returning a `FaultResult`, so the benchmark can repeat it and a test
+can assert on one run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import random
+import socket
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "deployments" / "recipes" / "tiny-cpu.yaml"
+
+
+@dataclass
+class FaultResult:
+    """One run of a fault scenario: how many units were lost, duplicated or wrong, how many faults were
+    injected, and the longest time between a fault and the moment it was noticed (retried or refused)."""
+
+    fault: str
+    units: int
+    lost: int = 0
+    duplicated: int = 0
+    corrupted: int = 0
+    injected: int = 0
+    detected_within_s: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+
+def expected_answer(question: str) -> str:
+    """What the server answers to `question` when nothing goes wrong."""
+    return "answer " + hashlib.sha256(question.encode()).hexdigest()[:16]
+
+
+class FlakyChatServer:
+    """`/v1/chat/completions` on 127.0.0.1 answering `expected_answer(last user message)`, but failing at
+    random with a fixed seed: HTTP 5xx, a hang past the client's timeout, or a connection dropped halfway
+    through the body. A question fails on at most `max_faults` attempts, so a client with more retries
+    than that always gets through; the draw depends on (seed, question, attempt) only, not on the order
+    in which concurrent requests arrive."""
+
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        p_5xx: float = 0.2,
+        p_hang: float = 0.15,
+        p_drop: float = 0.1,
+        hang_s: float = 2.0,
+        max_faults: int = 2,
+    ) -> None:
+        self.seed, self.hang_s, self.max_faults = seed, hang_s, max_faults
+        self.p = (p_5xx, p_hang, p_drop)
+        self.lock = threading.Lock()
+        self.attempts: Counter[str] = Counter()
+        self.injected: Counter[str] = Counter()  # fault kind -> count
+        self.answered: Counter[str] = Counter()  # question -> complete 200 responses
+        self.pending_fault: dict[str, float] = {}  # question -> when its last fault began
+        self.detect_s: list[float] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real servers do: drops then hit a pooled connection
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                question = body["messages"][-1]["content"]
+                fault = outer._draw(question)
+                if fault == "hang":
+                    time.sleep(outer.hang_s)
+                    self.close_connection = True
+                    return
+                if fault == "5xx":
+                    self._send(503, {"error": "overloaded"})
+                    return
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": expected_answer(question)},
+                    "finish_reason": "stop",
+                }
+                raw = json.dumps({"choices": [choice], "usage": {"completion_tokens": 3}}).encode()
+                if fault == "drop":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw[: len(raw) // 2])
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                self._send(200, None, raw)
+                with outer.lock:
+                    outer.answered[question] += 1
+
+            def _send(self, status: int, data: dict | None, raw: bytes | None = None) -> None:
+                raw = raw if raw is not None else json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    pass  # the client gave up on a hung request: expected
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.block_on_close = False  # hung handlers must not hold up close()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def _draw(self, question: str) -> str | None:
+        now = time.monotonic()
+        with self.lock:
+            attempt = self.attempts[question]
+            self.attempts[question] += 1
+            if question in self.pending_fault:
+                self.detect_s.append(now - self.pending_fault.pop(question))
+            if attempt >= self.max_faults:
+                return None
+            key = f"{self.seed}:{attempt}:{question}".encode()
+            u = random.Random(hashlib.sha256(key).digest()).random()
+            p_5xx, p_hang, p_drop = self.p
+            fault = (
+                "5xx"
+                if u < p_5xx
+                else "hang"
+                if u < p_5xx + p_hang
+                else "drop"
+                if u < p_5xx + p_hang + p_drop
+                else None
+            )
+            if fault is not None:
+                self.injected[fault] += 1
+                self.pending_fault[question] = now
+            return fault
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> FlakyChatServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def flaky_endpoint(
+    workdir: str | Path | None = None,
+    *,
+    seed: int = 0,
+    recipe: Path = TINY,
+    timeout_s: float = 0.5,
+    hang_s: float = 1.5,
+    concurrency: int = 4,
+) -> FaultResult:
+    """Regenerate the tiny recipe's prompts through a `FlakyChatServer`; count by prompt id what the
+    committed shards lost, duplicated or got wrong."""
+    from draftsmith.config import load_recipe
+    from tasks.regenerate import read_conversations, regenerate
+    from tasks.select_prompts import read_prompts, select_prompts
+
+    with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        c = load_recipe(recipe)
+        prompts = select_prompts(c.select, c.target, seed=c.seed, out_uri=str(work / "select_prompts"))
+        with FlakyChatServer(seed, hang_s=hang_s) as server:
+            endpoint = {
+                "base_url": server.url,
+                "model": "flaky",
+                "concurrency": concurrency,
+                "timeout_s": timeout_s,
+                "max_retries": server.max_faults + 2,
+                "backoff_s": 0.01,
+            }
+            data = c.regenerate.model_dump() | {
+                "engine": "openai",
+                "openai": endpoint,
+                "chat_template_sha256": "0" * 64,  # a remote template: declared, so no tokenizer is needed
+            }
+            cfg = type(c.regenerate).model_validate(data)
+            manifest = regenerate(cfg, c.target, prompts, seed=seed, out_uri=str(work / "regenerate"))
+            rows = read_conversations(manifest)
+            injected, detect = sum(server.injected.values()), max(server.detect_s, default=0.0)
+            kinds = dict(server.injected)
+        ids = [r.id for r in read_prompts(prompts, "train")]
+        seen = Counter(row["id"] for row in rows)
+        corrupted = sum(1 for row in rows if not _answers_match(row["messages"]))
+        return FaultResult(
+            fault="flaky OpenAI endpoint",
+            units=len(ids),
+            lost=sum(1 for i in ids if seen[i] == 0),
+            duplicated=sum(n - 1 for n in seen.values() if n > 1) + sum(1 for i in seen if i not in set(ids)),
+            corrupted=corrupted,
+            injected=injected,
+            detected_within_s=detect,
+            detail={"faults": kinds, "rows": len(rows)},
+        )
+
+
+def _answers_match(messages: list[dict]) -> bool:
+    """Every assistant turn is the fault-free answer to the user turn before it."""
+    last_user = None
+    for m in messages:
+        if m["role"] == "user":
+            last_user = m["content"]
+        elif m["role"] == "assistant" and (last_user is None or m["content"] != expected_answer(last_user)):
+            return False
+    return any(m["role"] == "assistant" for m in messages)
+
+
+class _Touch:
+    """Unpickling it creates `marker`: a harmless stand-in for `os.system`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def checkpoint_pickle(workdir: str | Path | None = None) -> FaultResult:
+    """A DCP checkpoint whose `.metadata` is replaced by a code-running pickle: resume must refuse it before
+    the code runs. `corrupted` counts payloads that ran; `lost` counts a genuine checkpoint that failed."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from drafters.training.checkpoint import UnsafeCheckpointError, load_dcp
+
+    with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        folder, marker = work / "ckpt", work / "payload-ran"
+        dcp.save({"w": torch.arange(4.0)}, storage_writer=dcp.FileSystemWriter(str(folder)))
+        state = {"w": torch.zeros(4)}
+        load_dcp(state, str(folder))
+        lost = int(not torch.equal(state["w"], torch.arange(4.0)))
+        (folder / ".metadata").write_bytes(pickle.dumps(_Touch(marker)))
+        start = time.monotonic()
+        refused = False
+        try:
+            load_dcp({"w": torch.zeros(4)}, str(folder))
+        except UnsafeCheckpointError:
+            refused = True
+        took = time.monotonic() - start
+        return FaultResult(
+            fault="pickle in DCP .metadata",
+            units=1,
+            lost=lost,
+            corrupted=int(marker.exists() or not refused),
+            injected=1,
+            detected_within_s=took,
+        )
+
+
+SCENARIOS = {"flaky-endpoint": flaky_endpoint, "checkpoint-pickle": checkpoint_pickle}
