@@ -77,3 +77,9 @@ def tiny_run(tiny_cfg, tmp_path_factory):
     )
     out["run_dir"] = run
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    # `make test`'s two workers take files in collection order: slow ones first, so they do not all end up
+    # at the tail, where one worker would run them while the other idles.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

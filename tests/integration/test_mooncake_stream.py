@@ -115,7 +115,9 @@ def test_back_pressure_when_the_store_is_smaller_than_the_stream(master, tmp_pat
             got = []
             for s in stream:
                 got.append(s)
-                time.sleep(0.1)  # a slow trainer: the producer outruns it and fills the store
+                # A slow trainer: the producer outruns it and fills the store. The long first pause makes that
+                # so on a loaded machine too, where producing a sample can take longer than 0.1 s.
+                time.sleep(6.0 if len(got) == 1 else 0.1)
             assert proc.wait(timeout=20) == 0
         finally:
             stop_process(proc)
