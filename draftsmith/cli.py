@@ -21,6 +21,7 @@ from draftsmith.redact import install_log_redaction, redact
 
 # Prefect gives its temporary server 20 s to start; on a loaded machine that is too short.
 EPHEMERAL_STARTUP_TIMEOUT_S = "120"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
 
 
@@ -142,12 +143,17 @@ def _debug(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get("DRAFTSMITH_DEBUG", "") not in ("", "0")
 
 
-class _NoTraceback(logging.Filter):
-    """Console only: a failed stage is summed up by the run's last line; `--debug` shows the traceback."""
+class _NoTraceback(logging.Formatter):
+    """A failed stage is summed up by the run's last line; `--debug` shows the traceback. Only this handler's
+    text leaves it out: the record keeps it for every other handler (Prefect's, a user's log file)."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def format(self, record: logging.LogRecord) -> str:
+        kept = record.exc_info, record.exc_text, record.stack_info
         record.exc_info, record.exc_text, record.stack_info = None, None, None
-        return True
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = kept
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -213,14 +219,14 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _env_defaults()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     # httpx logs every request at INFO: Prefect's API chatter would drown the stage log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     install_log_redaction()
     if not _debug(args):
         for handler in logging.getLogger().handlers:
-            if not any(isinstance(f, _NoTraceback) for f in handler.filters):
-                handler.addFilter(_NoTraceback())
+            if not isinstance(handler.formatter, _NoTraceback):
+                handler.setFormatter(_NoTraceback(handler.formatter._fmt if handler.formatter else LOG_FORMAT))
     try:
         return COMMANDS[args.command](args)
     except RecipeError as err:
