@@ -8,6 +8,7 @@ from drafters import families
 from drafters.dflash import decode as block_decode
 from drafters.dflash import family as dflash_family
 from drafters.dspark import decode, export
+from drafters.dspark.heads import normal_init
 from drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective
 from draftsmith.config import DSparkConfig
 
@@ -18,11 +19,15 @@ def build(cfg: DSparkConfig, inputs: families.BuildInputs) -> DSparkDrafter:
         markov_rank=cfg.markov_rank,
         enable_confidence_head=cfg.confidence_head,
     )
-    return dflash_family.init_block(DSparkDrafter(spec), inputs)
+    drafter = DSparkDrafter(spec)
+    if cfg.init_std is not None:
+        normal_init(drafter, cfg.init_std)
+    return dflash_family.init_block(drafter, inputs)
 
 
 def objective(cfg: DSparkConfig, model: DSparkDrafter, head_VHt: torch.Tensor, generator: torch.Generator):
-    """`0.1 CE + 0.9 L1 + 1.0 BCE` (the recipe's `loss_weights`) against the target's own distribution."""
+    """`0.1 CE + 0.9 L1 + 1.0 BCE` (the recipe's `loss_weights`) against the target's own distribution, with the
+    recipe's anchor and target-vocabulary choices (`partial_blocks`, `target_vocab`)."""
     return functools.partial(
         dspark_objective,
         target_head_VH=head_VHt,
@@ -30,6 +35,8 @@ def objective(cfg: DSparkConfig, model: DSparkDrafter, head_VHt: torch.Tensor, g
         num_anchors=cfg.num_anchors,
         gamma=cfg.gamma,
         mix=tuple(cfg.loss_weights),
+        partial_blocks=cfg.partial_blocks,
+        target_vocab=cfg.target_vocab,
     )
 
 

@@ -12,13 +12,18 @@ H drafter width.
 import torch
 from torch import nn
 
+from drafters.dspark.loss import outside_column
+from drafters.layers import HeadLossCall, OutputHead, RMSNorm
+from kernels import HeadLossOut, head_loss
+
 
 class MarkovHead(nn.Module):
     """Low-rank bigram bias `W2 W1[x_prev]` added to the backbone's logits of the next slot.
 
-    `markov_w2` starts at zero, so a fresh DSpark drafter proposes exactly what its DFlash backbone does
-    and the head only ever learns a *correction*; `markov_w1` keeps its random init so that `markov_w2`
-    receives a non-zero gradient from the first step (with both at zero neither would ever move).
+    As built, `markov_w2` starts at zero, so a fresh DSpark drafter proposes exactly what its DFlash backbone
+    does and the head only ever learns a *correction*; `markov_w1` keeps its random init (N(0, 1)) so that
+    `markov_w2` receives a non-zero gradient from the first step (with both at zero neither would ever move).
+    `normal_init` replaces both with DeepSpec's small random init.
     """
 
     def __init__(self, vocab_size: int, out_vocab_size: int, rank: int) -> None:
@@ -60,3 +65,44 @@ class ConfidenceHead(nn.Module):
         previous token's Markov embedding `[..., r]` (ignored without `with_markov`)."""
         x = torch.cat([h, markov_emb], dim=-1) if self.with_markov else h
         return self.proj(x.to(self.proj.weight.dtype)).float().squeeze(-1)
+
+
+class FullVocabHead(OutputHead):
+    """A pruned lm_head (same weight, same key) whose fused loss can also score against the target's
+    full-vocabulary distribution (`loss.outside_column`); registered with FSDP like `fused_loss`, so the weight
+    is gathered for it."""
+
+    fsdp_forward_methods = ("fused_loss", "fused_loss_with_outside")
+
+    def reset_parameters(self) -> None:
+        # The backbone's head weight is taken over (`DSparkDrafter`): drawing a fresh one would only shift the
+        # random stream every later initialisation reads.
+        pass
+
+    def fused_loss_with_outside(self, x_nD: torch.Tensor, call: HeadLossCall, outside_n: torch.Tensor) -> HeadLossOut:
+        """`fused_loss` over the draft columns plus the outside column, `outside_n` `[n]` its target logit."""
+        weight, call = outside_column(self.weight, call, outside_n)
+        return head_loss(
+            x_nD,
+            weight,
+            target=call.target,
+            labels=call.labels,
+            w_soft=call.w_soft,
+            w_ce=call.w_ce,
+            w_l1=call.w_l1,
+            extra=call.extra,
+        )
+
+
+@torch.no_grad()
+def normal_init(module: nn.Module, std: float) -> None:
+    """DeepSpec's init (Hugging Face `_init_weights` run by `post_init`): every Linear and Embedding weight
+    N(0, std), every bias 0, every RMSNorm weight 1; the Markov head's `markov_w1` / `markov_w2` included.
+    The shared embedding and lm_head are drawn too and then overwritten from the target, as DeepSpec does."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear | nn.Embedding):
+            m.weight.normal_(0.0, std)
+            if getattr(m, "bias", None) is not None:
+                m.bias.zero_()
+        elif isinstance(m, RMSNorm):
+            m.weight.fill_(1.0)

@@ -7,12 +7,16 @@ confidence logit toward `c* = clamp(1 - L1/2, 0, 1)`, detached so the confidence
 acceptance without pulling the draft distribution toward whatever makes it easy to predict.
 
 Each term is `sum(w * term) / sum(w)` over the counted rows, with w = `weights_K[slot]` (DSpark:
-exp(-k/4)). With a pruned draft vocabulary p_t is the target distribution renormalised over the draft ids
-(`target_logp`), and rows whose label is outside the draft vocabulary must not be counted.
+exp(-k/4)). With a pruned draft vocabulary, rows whose label is outside the draft vocabulary are not counted,
+and p_t is either the target's full-vocabulary distribution (the paper's: its mass outside the draft ids is
+mass the drafter can never propose, so it counts in L1 and lowers c*; `outside_column`) or that distribution
+renormalised over the draft ids (`target_logp`; optimistic by the outside mass).
 
 Shape legend: B batch, N anchors, K block slots, V target vocabulary, Vout output (draft) vocabulary,
 Ht target width, n counted rows.
 """
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +24,12 @@ import torch.nn.functional as F
 from drafters.layers import HeadLossCall
 from drafters.objective import StepLoss
 from kernels import Target
+from kernels.head_loss import chunk_rows_for
 
 DEFAULT_MIX = (0.1, 0.9, 1.0)
+# The draft's logit in the column standing for every id outside the draft vocabulary: far enough below any real
+# logit that its probability is exactly 0 in fp32 and bf16, yet finite (no inf * 0 = NaN in the matmuls).
+OUTSIDE_DRAFT_LOGIT = -1.0e4
 
 
 def target_logp(target_head_VH: torch.Tensor, last_hidden_nH: torch.Tensor, draft_ids: torch.Tensor | None = None):
@@ -35,6 +43,67 @@ def target_logp(target_head_VH: torch.Tensor, last_hidden_nH: torch.Tensor, draf
     """
     head = target_head_VH if draft_ids is None else target_head_VH[draft_ids]
     return (last_hidden_nH.to(head.dtype) @ head.T).float().log_softmax(-1)
+
+
+@torch.no_grad()
+def outside_logsumexp(
+    last_hidden_nH: torch.Tensor, target_head_VH: torch.Tensor, t2d_V: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """`[n]` fp32: logsumexp of the target's T = 1 logits over the ids *outside* the draft vocabulary.
+
+    Args:
+        last_hidden_nH: the target's post-norm last hidden state before each label `[n, Ht]`.
+        target_head_VH: the target's whole lm_head `[V, Ht]` (the full logits, a chunk of rows at a time;
+            masking beats gathering the outside rows, which would copy most of the head every step).
+        t2d_V: True at the draft vocabulary's target ids `[V]`.
+        chunk_rows: rows per chunk (default: the fused head loss's `[C, V]` budget).
+
+    Floored at `OUTSIDE_DRAFT_LOGIT` (no id outside: no mass there).
+    """
+    inside = t2d_V.bool().to(target_head_VH.device)
+    step = chunk_rows or chunk_rows_for(target_head_VH.shape[0])
+    parts = [
+        (rows.to(target_head_VH.dtype) @ target_head_VH.T).float().masked_fill(inside, float("-inf")).logsumexp(-1)
+        for rows in last_hidden_nH.split(step)
+    ]
+    out = torch.cat(parts) if parts else last_hidden_nH.new_zeros(0, dtype=torch.float32)
+    return out.clamp(min=OUTSIDE_DRAFT_LOGIT)
+
+
+def outside_column(
+    weight_VD: torch.Tensor, call: HeadLossCall, outside_n: torch.Tensor
+) -> tuple[torch.Tensor, HeadLossCall]:
+    """The head loss's operands over Vout + 1 columns, the last standing for every id outside the draft vocabulary.
+
+    Target: `hidden @ head.T` gains the column `outside_n` (`outside_logsumexp`), so its softmax over the
+    Vout + 1 columns is the full-vocabulary p_t on the draft ids plus the outside mass. Draft: that column's
+    logit is `OUTSIDE_DRAFT_LOGIT` (through the extra low-rank term, a constant 1 against it), so p_d there is 0
+    and L1 gains exactly the outside mass; CE, argmax and every gradient are the Vout columns' own.
+
+    Args:
+        weight_VD: the pruned lm_head weight `[Vout, D]`.
+        call: its `HeadLossCall`, whose target is in hidden form (`hidden [n, Ht]`, `head [Vout, Ht]`) and whose
+            `extra` is `(x2 [n, r], W2 [Vout, r])` or None.
+        outside_n: `[n]` fp32.
+
+    Returns:
+        `(weight [Vout + 1, D], call)` with target `[n, Ht + 1]` / `[Vout + 1, Ht + 1]` and extra
+        `[n, r + 1]` / `[Vout + 1, r + 1]`.
+    """
+    target = call.target
+    if target is None or target.hidden is None:
+        raise ValueError("outside_column: needs the target in hidden form (hidden + head)")
+    n, V = outside_n.shape[0], weight_VD.shape[0]
+    ex, ew = call.extra if call.extra is not None else (weight_VD.new_zeros(n, 0), weight_VD.new_zeros(V, 0))
+    one = torch.ones(n, 1, dtype=ex.dtype, device=ex.device)
+    column = torch.full((1, 1), OUTSIDE_DRAFT_LOGIT, dtype=ew.dtype, device=ew.device)
+    hidden = torch.cat([target.hidden, outside_n[:, None].to(target.hidden.dtype)], dim=1)
+    head = torch.block_diag(target.head, target.head.new_ones(1, 1))
+    return torch.cat([weight_VD, weight_VD.new_zeros(1, weight_VD.shape[1])]), dataclasses.replace(
+        call,
+        target=Target(hidden=hidden, head=head),
+        extra=(torch.cat([ex, one], dim=1), torch.block_diag(ew, column)),
+    )
 
 
 def _weighted_mean(values_n: torch.Tensor, w_n: torch.Tensor) -> torch.Tensor:
@@ -99,6 +168,7 @@ def dspark_rows_fused(
     slot_n: torch.Tensor,
     weights_K: torch.Tensor,
     mix: tuple[float, float, float] = DEFAULT_MIX,
+    outside_n: torch.Tensor | None = None,
 ) -> StepLoss:
     """`dspark_rows(*model.heads(h_nH, prev_ids_n)[:2], target_logp, ...)` by the fused head loss
     (`kernels.head_loss`): the Markov bias `W2 @ W1[prev]` joins the lm_head as an extra low-rank term, so
@@ -109,6 +179,8 @@ def dspark_rows_fused(
         h_nH: backbone outputs after the final norm `[n, H]`; prev_ids_n: previous tokens (target ids) `[n]`.
         target: the target distribution over the output vocabulary for the same rows.
         labels_n, slot_n, weights_K, mix: as `dspark_rows`.
+        outside_n: with a pruned vocabulary, `outside_logsumexp` of the same rows `[n]`: p_t is then the
+            full-vocabulary distribution (`outside_column`); None: `target` renormalised over the draft ids.
     """
     emb = model.markov_head.embed(prev_ids_n)
     if model.spec.enable_confidence_head:
@@ -124,7 +196,10 @@ def dspark_rows_fused(
         w_l1=mix[1] * share,
         extra=(emb, model.markov_head.markov_w2.weight),
     )
-    out = model.lm_head.fused_loss(h_nH, call)
+    if outside_n is None:
+        out = model.lm_head.fused_loss(h_nH, call)
+    else:
+        out = model.lm_head.fused_loss_with_outside(h_nH, call, outside_n)
     accept = (1.0 - 0.5 * out.l1).clamp(0.0, 1.0)
     bce = F.binary_cross_entropy_with_logits(conf.float(), accept, reduction="none")
     count = torch.bincount(slot_n, minlength=weights_K.numel())

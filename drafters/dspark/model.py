@@ -17,8 +17,8 @@ from drafters.anchors import uniform_anchors
 from drafters.dflash.loss import slot_labels, slot_weights
 from drafters.dflash.model import DFlashDrafter
 from drafters.dflash.spec import DFlashSpec
-from drafters.dspark.heads import ConfidenceHead, MarkovHead
-from drafters.dspark.loss import DEFAULT_MIX, dspark_rows_fused
+from drafters.dspark.heads import ConfidenceHead, FullVocabHead, MarkovHead
+from drafters.dspark.loss import DEFAULT_MIX, dspark_rows_fused, outside_logsumexp
 from drafters.objective import StepLoss
 from drafters.vocab import draft_ids, target_to_draft
 from kernels import Target
@@ -43,13 +43,20 @@ class DSparkSpec(DFlashSpec):
             raise ValueError("dspark: the DFlash2 selector and convs are not part of DSpark (vLLM loads neither)")
 
 
+TARGET_VOCABS = ("full", "draft")
+
+
 class DSparkDrafter(DFlashDrafter):
-    """DFlash backbone + `markov_head` + optional `confidence_head`."""
+    """DFlash backbone + `markov_head` + optional `confidence_head`; a pruned lm_head is a `FullVocabHead`."""
 
     def __init__(self, spec: DSparkSpec) -> None:
         if not isinstance(spec, DSparkSpec):
             raise ValueError(f"DSparkDrafter: expected a DSparkSpec, got {type(spec).__name__}")
         super().__init__(spec)
+        if spec.draft_vocab_size is not None:
+            head = FullVocabHead(spec.hidden_size, spec.draft_vocab_size)
+            head.weight = self.lm_head.weight
+            self.lm_head = head
         out_vocab = spec.draft_vocab_size or spec.vocab_size
         self.markov_head = MarkovHead(spec.vocab_size, out_vocab, spec.markov_rank)
         if spec.enable_confidence_head:
@@ -107,21 +114,31 @@ def dspark_objective(
     num_anchors: int,
     gamma: float = 4.0,
     mix: tuple[float, float, float] = DEFAULT_MIX,
+    partial_blocks: bool = True,
+    target_vocab: str = "full",
 ) -> StepLoss:
     """One DSpark training step's loss over `batch` (`drafters.data.collate`: input_ids, loss_mask, features,
     last_hidden).
 
     Slot k of the block at a predicts token a + k + 1 with weight exp(-k / gamma); p_t for that slot is the
-    frozen target head `target_head_VH` `[V, Ht]` on the target's post-norm state at a + k (T = 1), renormalised
-    over the draft ids when the vocabulary is pruned. Only counted rows reach the `[n, Vout]` logits.
-    Without a confidence head its BCE term is dropped from the mix.
+    frozen target head `target_head_VH` `[V, Ht]` on the target's post-norm state at a + k (T = 1). Only counted
+    rows reach the `[n, Vout]` logits. Without a confidence head its BCE term is dropped from the mix.
+
+    Args:
+        partial_blocks: anchors at every supervised position whose next token is supervised, slots past the row
+            end left uncounted (DeepSpec); False: only anchors whose whole block lies inside the row.
+        target_vocab: with a pruned vocabulary, p_t over the whole target vocabulary (`"full"`, the paper's) or
+            renormalised over the draft ids (`"draft"`); the same without pruning.
     """
     if "last_hidden" not in batch:
         raise ValueError("dspark_objective: batch has no 'last_hidden' (store the target's last hidden state)")
+    if target_vocab not in TARGET_VOCABS:
+        raise ValueError(f"dspark_objective: target_vocab must be one of {TARGET_VOCABS}, got {target_vocab!r}")
     spec = model.spec
     K = spec.block_size
     ids, mask = batch["input_ids"], batch["loss_mask"]
-    anchors, keep = uniform_anchors(mask, num_anchors, generator, depth=K + 1)
+    # depth 2: the anchor and its first label supervised (`candidates`); K + 1: the whole block inside the row.
+    anchors, keep = uniform_anchors(mask, num_anchors, generator, depth=2 if partial_blocks else K + 1)
     anchors, keep = anchors.to(ids.device), keep.to(ids.device)
     h = model.train_hidden(ids, batch["features"], anchors, keep)
     labels, valid = slot_labels(ids, mask, anchors, keep, K, predict_anchor=True)
@@ -130,9 +147,13 @@ def dspark_objective(
     pos = anchors[b, n] + k  # position of each counted slot's previous token (= label position - 1)
     kept_ids = None if spec.draft_vocab_size is None else draft_ids(model.d2t)
     head = target_head_VH.to(h.device)
-    target = Target(hidden=batch["last_hidden"][b, pos].to(h.device), head=head if kept_ids is None else head[kept_ids])
+    hidden = batch["last_hidden"][b, pos].to(h.device)
+    target = Target(hidden=hidden, head=head if kept_ids is None else head[kept_ids])
+    outside = None
+    if kept_ids is not None and target_vocab == "full":
+        outside = outside_logsumexp(hidden, head, model.t2d)
     if not spec.enable_confidence_head:
         mix = (mix[0], mix[1], 0.0)
     return dspark_rows_fused(
-        model, h[b, n, k], ids[b, pos], target, labels[b, n, k], k, slot_weights(K, gamma, True), mix
+        model, h[b, n, k], ids[b, pos], target, labels[b, n, k], k, slot_weights(K, gamma, True), mix, outside
     )

@@ -77,6 +77,11 @@ class Eagle3Config(_AttentionFields):
     init_lm_head_from_target: bool = Field(
         True, description="Start the draft lm_head from the target's rows (faster convergence)."
     )
+    freeze_lm_head: bool = Field(
+        False,
+        description="Keep the draft lm_head at its initial rows (the target's, with init_lm_head_from_target): "
+        "a step skips the head's weight gradient and optimizer update (docs/training.md: its effect on quality).",
+    )
 
     def drafts_per_round(self, num_draft_tokens: int) -> int:
         """A chain drafts as many tokens per round as the evaluation asks (`evaluate.num_draft_tokens`)."""
@@ -130,6 +135,26 @@ class DSparkConfig(_BlockFields):
     confidence_head: bool = Field(True, description="Train the per-slot acceptance-confidence head.")
     loss_weights: tuple[float, float, float] = Field(
         (0.1, 0.9, 1.0), description="Weights of (CE, L1 to the target distribution, confidence BCE)."
+    )
+    partial_blocks: bool = Field(
+        True,
+        description="Anchor blocks up to the last supervised position, supervising only the slots inside the "
+        "row (DeepSpec's sampler); false keeps anchors block_size + 1 tokens clear of the row end, so every block "
+        "is whole and the last tokens of a row are learnt only at late slots.",
+    )
+    target_vocab: Literal["full", "draft"] = Field(
+        "full",
+        description="Target distribution of the L1 term and the confidence target with a pruned draft vocabulary: "
+        "`full` is the target's softmax over its whole vocabulary (mass outside the draft ids counts as missed, "
+        "as in the paper); `draft` renormalises it over the draft ids (optimistic by that mass). The same "
+        "without pruning.",
+    )
+    init_std: float | None = Field(
+        0.02,
+        gt=0.0,
+        description="Trained weights (Markov and confidence heads included) start N(0, init_std), biases 0, "
+        "norms 1 (DeepSpec's Hugging Face init); null: torch's default init with markov_w1 N(0, 1) and "
+        "markov_w2 zeros.",
     )
 
     def drafts_per_round(self, num_draft_tokens: int) -> int:

@@ -121,15 +121,24 @@ def test_training_outputs_equal_decoding_when_the_gold_tokens_are_the_drafts(dra
         assert bool(ODD_T2D[block.tokens].all())  # drafts come back as target ids of kept tokens
 
 
-def test_objective_equals_the_block_form_loss():
+@pytest.mark.parametrize("partial_blocks", [True, False], ids=["partial", "whole"])
+def test_objective_equals_the_block_form_loss(partial_blocks):
     model = _drafter()
     batch = _batch()
     head = torch.randn(V, HT, generator=torch.Generator().manual_seed(3))
-    out = dspark_objective(model, batch, target_head_VH=head, generator=torch.Generator().manual_seed(7), num_anchors=3)
+    out = dspark_objective(
+        model,
+        batch,
+        target_head_VH=head,
+        generator=torch.Generator().manual_seed(7),
+        num_anchors=3,
+        partial_blocks=partial_blocks,
+    )
     # The same anchors, through the whole-block path: train_outputs on every slot, p_t at label - 1.
     from drafters.anchors import uniform_anchors
 
-    anchors, keep = uniform_anchors(batch["loss_mask"], 3, torch.Generator().manual_seed(7), depth=K + 1)
+    depth = 2 if partial_blocks else K + 1
+    anchors, keep = uniform_anchors(batch["loss_mask"], 3, torch.Generator().manual_seed(7), depth=depth)
     with torch.no_grad():
         logits, conf, _ = model.train_outputs(batch["input_ids"], batch["features"], anchors, keep)
     labels, valid = slot_labels(batch["input_ids"], batch["loss_mask"], anchors, keep, K, predict_anchor=True)
