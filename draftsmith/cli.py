@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith import cli_baseline, cli_deploy, cli_eval
+from draftsmith import cli_baseline, cli_deploy, cli_eval, cli_speedup
 from draftsmith.config import PipelineConfig, RecipeError, load_recipe, note_overrides
 from draftsmith.redact import install_log_redaction, redact
 
@@ -198,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=int, default=8000, help="port of the printed vLLM command (default: 8000)")
     cli_eval.add_parsers(sub)
+    cli_speedup.add_parsers(sub)
     cli_deploy.add_parsers(sub)
     cli_baseline.add_parsers(sub)
     return parser
@@ -211,6 +212,7 @@ COMMANDS = {
     "export": cmd_export,
     "eval": cli_eval.cmd_eval,
     "sweep": cli_eval.cmd_sweep,
+    "speedup": cli_speedup.cmd_speedup,
     **cli_deploy.COMMANDS,
     **cli_baseline.COMMANDS,
 }

@@ -24,6 +24,7 @@ DPI = 100
 _INCHES = {
     "acc_len_by_bench": (10.0, 5.0),
     "throughput_vs_concurrency": (8.0, 5.0),
+    "speedup": (8.0, 5.0),
     "position_acceptance": (8.0, 5.0),
     "reliability_diagram": (6.0, 7.0),
 }
@@ -154,6 +155,36 @@ def throughput_vs_concurrency(sweeps: list[dict], path: str | Path) -> bytes:
     ax.set_title("Serving throughput against concurrency")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def speedup_bars(result: dict, path: str | Path) -> bytes:
+    """Tokens/s with speculation off and on at each concurrency level (bars: mean of the rounds; ticks: each
+    round), labelled with the speed-up and vLLM's acceptance length. `result` is `evals.speedup`'s dict."""
+    levels = result.get("levels") or []
+    if not levels:
+        raise ValueError("speed-up result has no levels")
+    fig = _figure("speedup")
+    ax = fig.add_subplot()
+    width = 0.38
+    for i, lv in enumerate(levels):
+        require(lv, ("concurrency", "tokens_per_s_off", "tokens_per_s_on", "speedup"), f"levels[{i}]")
+        for j, (mode, colour) in enumerate((("off", "C7"), ("on", "C0"))):
+            runs = [float(t) for t in lv[f"tokens_per_s_{mode}"]]
+            x = i + (j - 0.5) * width
+            ax.bar(x, sum(runs) / len(runs), width, color=colour, label=f"speculation {mode}" if i == 0 else None)
+            ax.plot([x] * len(runs), runs, "k_", markersize=12)
+        top = max(max(lv["tokens_per_s_off"]), max(lv["tokens_per_s_on"]))
+        spec = lv.get("spec_decode")
+        acc = f"\nacc. length {spec['acceptance_length']:.2f}" if spec else ""
+        ax.annotate(f"x{lv['speedup']:.2f}{acc}", (i, top), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(levels)), [str(lv["concurrency"]) for lv in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_ylim(0, 1.25 * max(max(lv["tokens_per_s_off"] + lv["tokens_per_s_on"]) for lv in levels))
+    ax.set_title("Speculative decoding in vLLM: off against on, interleaved runs")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
 
 

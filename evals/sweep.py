@@ -136,7 +136,7 @@ def _drive(cmd: list[str], env: dict[str, str], bench_log: Path, cfg: SweepConfi
         run_driver(cmd, env, bench_log, cfg.timeout_s * len(cfg.concurrency) + 120, lambda: progress.update(written()))
 
 
-def _speculative_args(draft_dir: str, method: str | None, num_tokens: int | None) -> list[str]:
+def speculative_args(draft_dir: str, method: str | None, num_tokens: int | None) -> list[str]:
     """The `--speculative-config` that `draftsmith export` prints, for an exported draft folder."""
     from drafters.export import bundle, engines
 
@@ -190,7 +190,7 @@ def sweep_server(
 
     out = Path(work_dir or tempfile.mkdtemp(prefix="draftsmith-sweep-"))
     out.mkdir(parents=True, exist_ok=True)
-    spec_args = _speculative_args(draft_dir, method, num_speculative_tokens) if draft_dir else []
+    spec_args = speculative_args(draft_dir, method, num_speculative_tokens) if draft_dir else []
     args = list(extra_args)
     if "--max-num-seqs" not in args:
         args += ["--max-num-seqs", str(max(cfg.concurrency))]

@@ -188,13 +188,11 @@ def write_dataset(path: Path, prompts: Sequence[str], n: int) -> None:
     path.write_text(json.dumps(rows))
 
 
-def bench_argv(
+def bench_common(
     base_url: str, model: str, tokenizer: str, dataset: Path, out_dir: Path, cfg: SweepConfig
-) -> list[list[str]]:
-    """One `vllm bench serve` argument list per concurrency level, warm-up on the first only.
-
-    Chat completions: the server applies the target's chat template, as for any chat client.
-    """
+) -> list[str]:
+    """The `vllm bench serve` arguments every level shares: chat completions (the server applies the target's chat
+    template, as for any chat client), the prompts file, fixed output length, sampling and saved results."""
     common = [
         "--backend", "openai-chat", "--base-url", server_root(base_url), "--endpoint", "/v1/chat/completions",
         "--model", tokenizer, "--served-model-name", model, "--tokenizer", tokenizer,
@@ -206,11 +204,25 @@ def bench_argv(
     ]  # fmt: skip
     if cfg.ignore_eos:
         common.append("--ignore-eos")
+    return common
+
+
+def level_argv(common: list[str], concurrency: int, warmups: int, filename: str) -> list[str]:
+    """One timed run of `common` at `concurrency`, after `warmups` untimed requests, saved as `filename`."""
     return [
-        [*common, "--max-concurrency", str(c), "--num-warmups", str(cfg.warmup_requests if i == 0 else 0),
-         "--result-filename", f"level-{c}.json"]
-        for i, c in enumerate(cfg.concurrency)
+        *common, "--max-concurrency", str(concurrency), "--num-warmups", str(warmups), "--result-filename", filename
     ]  # fmt: skip
+
+
+def bench_argv(
+    base_url: str, model: str, tokenizer: str, dataset: Path, out_dir: Path, cfg: SweepConfig
+) -> list[list[str]]:
+    """One `vllm bench serve` argument list per concurrency level, warm-up on the first only."""
+    common = bench_common(base_url, model, tokenizer, dataset, out_dir, cfg)
+    return [
+        level_argv(common, c, cfg.warmup_requests if i == 0 else 0, f"level-{c}.json")
+        for i, c in enumerate(cfg.concurrency)
+    ]
 
 
 def run_driver(

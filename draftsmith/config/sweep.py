@@ -55,3 +55,29 @@ class SweepConfig(StrictModel):
                 f"requests_per_level: {self.requests_per_level} cannot keep concurrency {max(self.concurrency)} busy"
             )
         return self
+
+
+class SpeedupConfig(StrictModel):
+    """Speculation on against off in one engine (`draftsmith speedup`, `evals.speedup`): two servers of the same
+    target, the same prompts sent to each in turn (off, on, off, on, ...) so that machine load hits both alike."""
+
+    concurrency: tuple[int, ...] = Field((1, 4), min_length=1, description="Levels, requests in flight.")
+    rounds: int = Field(2, ge=1, description="Timed off/on pairs per level, interleaved.")
+    requests: int = Field(8, ge=1, description="Requests per timed run; at least the highest concurrency.")
+    max_tokens: int = Field(64, ge=1, description="Output tokens per request (end of turn ignored).")
+    max_prompts: int = Field(48, ge=1, description="Prompts drawn round-robin from the run's evaluation benchmarks.")
+    warmup_requests: int = Field(2, ge=0, description="Untimed requests to each server before its first timed run.")
+    timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit for all timed runs together, in seconds.")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(c < 1 for c in v) or len(set(v)) != len(v):
+            raise ValueError(f"concurrency: levels must be distinct positive integers, got {list(v)}")
+        return tuple(sorted(v))
+
+    @model_validator(mode="after")
+    def _saturate(self) -> SpeedupConfig:
+        if self.requests < max(self.concurrency):
+            raise ValueError(f"requests: {self.requests} cannot keep concurrency {max(self.concurrency)} busy")
+        return self

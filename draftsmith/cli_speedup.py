@@ -1,0 +1,119 @@
+"""`draftsmith speedup RUN`: a finished run's drafter in vLLM, speculation off against on (`evals.speedup`).
+
+It exports the run's drafter, serves the target twice, sends the prompts of the run's own evaluation (held-out
+prompts and built-in suites, round-robin) to each server in turn, and writes `speedup.json`, `speedup.md` and
+`speedup.png` under `<run>/speedup/`. A result measured for the same checkpoint, settings and prompts is
+printed again instead of measured again (`--force` measures anew).
+"""
+
+import argparse
+import hashlib
+import itertools
+import json
+import sys
+from pathlib import Path
+
+from draftsmith.config import PipelineConfig, load_recipe
+from draftsmith.config.sweep import SpeedupConfig
+
+RESULT = "speedup.json"
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("speedup", help="a run's drafter in vLLM: tokens/s with speculation off vs on, interleaved")
+    p.add_argument("run", help="a finished run folder, or the recipe whose default run folder to use")
+    p.add_argument("--concurrency", help="comma list of levels (default: 1,4)")
+    p.add_argument("--rounds", type=int, help="timed off/on pairs per level (default: 2)")
+    p.add_argument("--requests", type=int, help="requests per timed run (default: 8)")
+    p.add_argument("--max-tokens", type=int, help="output tokens per request (default: 64)")
+    p.add_argument("--force", action="store_true", help="measure again even if these settings were measured")
+
+
+def _run_and_recipe(arg: str) -> tuple[Path, PipelineConfig]:
+    from flows.pipeline import default_run_dir
+
+    path = Path(arg)
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        cfg = load_recipe(path)
+        run_dir = Path(default_run_dir(cfg))
+    else:
+        if "://" in arg:
+            raise ValueError(f"run: {arg} is a URL; vLLM serves from a local folder, so pass a local copy of the run")
+        run_dir = path
+        if not (run_dir / "recipe.yaml").exists():
+            raise ValueError(f"run: {run_dir}/recipe.yaml not found; pass a finished run folder or its recipe")
+        cfg = load_recipe(run_dir / "recipe.yaml")
+    if not (run_dir / "train" / "manifest.json").exists():
+        raise ValueError(f"run: {run_dir}/train holds no trained drafter; run the recipe first")
+    return run_dir, cfg
+
+
+def _settings(args: argparse.Namespace) -> SpeedupConfig:
+    given = {k: getattr(args, k) for k in ("rounds", "requests", "max_tokens") if getattr(args, k) is not None}
+    if args.concurrency:
+        given["concurrency"] = tuple(int(c) for c in args.concurrency.split(","))
+    return SpeedupConfig(**given)
+
+
+def run_prompts(cfg: PipelineConfig, run_dir: Path, limit: int) -> list[str]:
+    """First user turns of the run's evaluation benchmarks, one from each bench in turn, so any prefix spans them."""
+    from draftsmith.stage import load_manifest
+    from tasks.evaluate import benches_for
+
+    benches = benches_for(cfg.evaluate, load_manifest(str(run_dir / "select_prompts")), cfg.seed)
+    mixed = itertools.chain.from_iterable(itertools.zip_longest(*benches.values()))
+    return [p.turns[0] for p in mixed if p is not None][:limit]
+
+
+def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompts: list[str], key: str) -> dict:
+    from drafters.export import engines
+    from drafters.export.bundle import export_run
+    from draftsmith.target_setup import resolve_target
+    from evals import plots
+    from evals.speedup import CPU_SERVE_ARGS, format_table, measure_speedup
+
+    platform = engines.detect_platform()
+    exported = export_run(str(run_dir), "vllm", platform=platform)
+    out = run_dir / "speedup"
+    chain = cfg.evaluate.num_draft_tokens if cfg.drafter.kind == "eagle3" else None
+    result = measure_speedup(
+        str(resolve_target(cfg.target.source)),
+        str(exported.folder),
+        prompts,
+        settings,
+        num_speculative_tokens=chain,
+        serve_args=CPU_SERVE_ARGS if platform == "cpu" else ("--dtype", "bfloat16"),
+        work_dir=str(out / "runs"),
+    )
+    result = {"key": key, "drafter": cfg.drafter.kind, "prompts": len(prompts)} | result
+    plots.speedup_bars(result, out / "speedup.png")
+    (out / "speedup.md").write_text(format_table(result) + "\n")
+    (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: its presence means complete
+    return result
+
+
+def cmd_speedup(args: argparse.Namespace) -> int:
+    from evals.speedup import format_table
+
+    try:
+        run_dir, cfg = _run_and_recipe(args.run)
+        settings = _settings(args)
+    except ValueError as err:
+        print(f"speedup: {err}", file=sys.stderr)
+        return 2
+    train_key = json.loads((run_dir / "train" / "manifest.json").read_text()).get("key", "")
+    prompts = run_prompts(cfg, run_dir, settings.max_prompts)
+    key = hashlib.sha256(json.dumps([train_key, settings.model_dump(mode="json"), prompts]).encode()).hexdigest()
+    path = run_dir / "speedup" / RESULT
+    cached = json.loads(path.read_text()) if path.exists() else None
+    if cached is not None and cached.get("key") == key and not args.force:
+        result, how = cached, "cached"
+    else:
+        result, how = _measure(run_dir, cfg, settings, prompts, key), "measured"
+    print(
+        f"speed-up in vLLM ({how}): {cfg.drafter.kind} drafter, speculation on vs off, runs interleaved, "
+        f"{settings.requests} requests x {settings.max_tokens} tokens per run, greedy"
+    )
+    print(format_table(result))
+    print(f"speed-up: {path} (plot {path.with_suffix('.png')})")
+    return 0
