@@ -73,8 +73,10 @@ $(SPEC_VENV)/.installed:
 setup: $(BIN)/.installed
 	$(BIN)/draftsmith setup-target
 
-run: setup
+# The main job, then its drafter's speed-up in vLLM (speculation off against on; cached with the run).
+run: setup $(VLLM_VENV)/.installed
 	$(BIN)/draftsmith run $(RECIPE)
+	$(BIN)/draftsmith speedup $(RECIPE)
 
 # Two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
 test: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
