@@ -6,6 +6,7 @@ Shape legend: T rows, D drafter width, V output vocabulary, r extra (Markov) ran
 import torch
 
 from kernels import dispatch
+from kernels.head_loss.eager import head_loss_eager
 from kernels.head_loss.reference import head_loss_reference
 from kernels.head_loss.spec import HeadLossOut, Target, row_weights
 
@@ -57,7 +58,8 @@ def head_loss(
             L1; L1 is computed only when `w_l1` is given.
         extra: `(x2 [T, r], W2 [V, r])` added to the logits (DSpark's Markov bias), differentiable too.
         chunk_rows: rows per chunk (default: a 256 MiB fp32 `[C, V]` buffer); block_v: kernel tile width.
-        mode: `auto` / `reference` / `triton` (default: the process mode, `kernels.dispatch`).
+        mode: `auto` / `reference` / `triton` (default: the process mode, `kernels.dispatch`); `auto` runs the
+            kernel on CUDA and `eager.head_loss_eager` (the same gradients, made in forward) elsewhere.
     """
     _check(x_TD, weight_VD, labels, extra)
     T, V = x_TD.shape[0], weight_VD.shape[0]
@@ -71,11 +73,15 @@ def head_loss(
         ex = ex.to(ew.dtype)
     rows = chunk_rows or chunk_rows_for(V)
     if dispatch.choose("head_loss", x_TD.device, mode) == "reference":
-        return head_loss_reference(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows)
+        # `auto` without the kernel (CPU) runs the same loss with its gradient made in forward (`eager`); an
+        # explicit `reference`, and a step without autograd, run plain autograd over the reference.
+        if (mode or dispatch.get_mode()) == "reference" or not torch.is_grad_enabled():
+            return head_loss_reference(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows)
+        return head_loss_eager(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows)
     from kernels.head_loss.function import head_loss_triton
 
     bv = block_v or min(1024, max(16, 1 << (V - 1).bit_length()))
     return head_loss_triton(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows, bv)
 
 
-__all__ = ["HeadLossOut", "Target", "head_loss", "head_loss_reference"]
+__all__ = ["HeadLossOut", "Target", "head_loss", "head_loss_eager", "head_loss_reference"]

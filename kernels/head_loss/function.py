@@ -1,4 +1,4 @@
-"""The Triton path of the fused head loss as an `autograd.Function`.
+"""The fused head loss as an `autograd.Function`: the Triton path, and the chunk loop the eager path shares.
 
 Rows are processed in chunks of C rows (C·V bounded by a memory budget). Per chunk: the draft logits
 `[C, V]` (one matmul, in the inputs' dtype as the reference does, widened to fp32), the target's logits
@@ -8,12 +8,14 @@ computes the per-row terms and turns the logits into `dloss/dz` in place, then `
 inputs); backward only scales it by the incoming scalar. Peak extra memory: two `[C, V]` buffers, the
 `[V, D]` weight gradient in the weight's dtype and `[T, D]` for dx, never `[T, V]`.
 
-The weight gradient accumulates over the row chunks in the weight's dtype (`addmm_`, fp32 inside each matmul,
+The weight gradient accumulates over the row chunks in the weight's dtype (`addmm`, fp32 inside each matmul,
 one rounding per chunk, as Liger's fused linear cross-entropy does): an fp32 accumulator would cost another
 `[V, D]` fp32 (4.7 GB at Kimi K3's head), about what the compiled reference holds in logits.
 
 Shape legend: T rows, D drafter width, V output vocabulary, r extra rank, C rows per chunk.
 """
+
+import functools
 
 import torch
 
@@ -21,7 +23,7 @@ from kernels.head_loss.reference import draft_logits
 from kernels.head_loss.spec import HeadLossOut, Target
 
 
-def _launch(z_CV, zt_CV, labels_T, w3_T, out3_T, arg2_T, row0, need_l1, block_v):
+def _launch(z_CV, zt_CV, labels_T, w3_T, out3_T, arg2_T, row0, need_l1, *, block_v):
     import triton
 
     from kernels.dispatch import interpreting
@@ -58,7 +60,9 @@ class FusedHeadLoss(torch.autograd.Function):
     """`(loss, out3 [3, T], arg2 [2, T])`; only `loss` is differentiable (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x_TD, weight_VD, extra_x, extra_w, target, labels_T, w3_T, need_l1, chunk_rows, block_v):
+    def forward(ctx, x_TD, weight_VD, extra_x, extra_w, target, labels_T, w3_T, need_l1, chunk_rows, launch):
+        """`launch(z, zt, labels, w3, out3, arg2, row0, need_l1)` fills a chunk's rows of `out3`/`arg2` and turns
+        its logits `z` `[C, V]` into `dloss/dz` in place: the Triton kernel, or `eager.rows_eager`."""
         T, V = x_TD.shape[0], weight_VD.shape[0]
         dev = x_TD.device
         out3 = torch.empty(3, T, dtype=torch.float32, device=dev)
@@ -73,16 +77,17 @@ class FusedHeadLoss(torch.autograd.Function):
             x = x_TD[r0:r1]
             z = draft_logits(x, weight_VD, None if extra_x is None else extra_x[r0:r1], extra_w).contiguous()
             zt = None if target is None else target.rows(r0, r1, V).contiguous()
-            _launch(z, zt, labels_T, w3, out3, arg2, r0, need_l1, block_v)
+            launch(z, zt, labels_T, w3, out3, arg2, r0, need_l1)
             g = z.to(x.dtype)
             if gx is not None:
                 torch.mm(g, weight_VD, out=gx[r0:r1])
+            # `addmm(out=)`, not `addmm_`: FlopCounterMode, which the MFU figure reads, skips in-place addmm.
             if gw is not None:
-                gw.addmm_(g.T, x)
+                torch.addmm(gw, g.T, x, out=gw)
             if gx2 is not None:
                 torch.mm(g, extra_w, out=gx2[r0:r1])
             if gw2 is not None:
-                gw2.addmm_(g.T, extra_x[r0:r1])
+                torch.addmm(gw2, g.T, extra_x[r0:r1], out=gw2)
             del z, zt, g
         ctx.save_for_backward(*[t if t is not None else torch.empty(0) for t in (gx, gw, gx2, gw2)])
         ctx.present = tuple(t is not None for t in (gx, gw, gx2, gw2))
@@ -109,8 +114,16 @@ def head_loss_triton(
     block_v: int,
 ) -> HeadLossOut:
     """`HeadLossOut` from the kernel; arguments as `reference.head_loss_reference`."""
+    launch = functools.partial(_launch, block_v=block_v)
+    return fused_head_loss(
+        x_TD, weight_VD, target, labels_T, w3_T, need_l1, extra_x_Tr, extra_weight_Vr, chunk_rows, launch
+    )
+
+
+def fused_head_loss(x_TD, weight_VD, target, labels_T, w3_T, need_l1, extra_x_Tr, extra_weight_Vr, chunk_rows, launch):
+    """`HeadLossOut` from `FusedHeadLoss` with a row routine `launch` (see `FusedHeadLoss.forward`)."""
     loss, out3, arg2 = FusedHeadLoss.apply(
-        x_TD, weight_VD, extra_x_Tr, extra_weight_Vr, target, labels_T, w3_T, need_l1, max(1, chunk_rows), block_v
+        x_TD, weight_VD, extra_x_Tr, extra_weight_Vr, target, labels_T, w3_T, need_l1, max(1, chunk_rows), launch
     )
     has_t = target is not None
     return HeadLossOut(
