@@ -102,16 +102,26 @@ def anchored_loss_fused(
     draft_head_VdHt: torch.Tensor,
     position_mask_BS: torch.Tensor,
     decay: float,
+    target_logits_nVd: torch.Tensor | None = None,
 ) -> TTTLoss:
-    """`anchored_loss` through the fused head loss: neither the draft nor the target logits `[n, Vd]` are
-    materialised (the target's come from `last_hidden @ draft_head.T` a chunk of rows at a time)."""
+    """`anchored_loss` through the fused head loss: the draft logits `[n, Vd]` are never materialised, nor the
+    target's, which come from `last_hidden @ draft_head.T` a chunk of rows at a time; or, given
+    `target_logits_nVd` (the target's draft-vocabulary logits at `position_mask_BS.nonzero()`, made once per
+    step by `target.SharedTarget`), are rows of that."""
+    row_of = None
+    if target_logits_nVd is not None:
+        row_of = torch.full(position_mask_BS.shape, -1, dtype=torch.long, device=position_mask_BS.device)
+        row_of[position_mask_BS] = torch.arange(target_logits_nVd.shape[0], device=row_of.device)
     terms = []
     for d, hidden in enumerate(step_hidden):
         valid, b, p = _depth_slots(anchors_BN, keep_BN, position_mask_BS, d)
         x = model.norm(hidden[valid])
         n = x.shape[0]
         mean = torch.full((n,), 1.0 / max(n, 1), device=x.device)
-        target = Target(hidden=last_hidden_BSHt[b, p], head=draft_head_VdHt)
+        if row_of is None:
+            target = Target(hidden=last_hidden_BSHt[b, p], head=draft_head_VdHt)
+        else:
+            target = Target(logits=target_logits_nVd[row_of[b, p]])
         out = model.lm_head.fused_loss(x, HeadLossCall(target=target, w_soft=mean))
         terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n)))
     return combine(terms, decay)

@@ -7,7 +7,7 @@ import torch
 
 import kernels
 from drafters import anchors, families, vocab
-from drafters.eagle3 import anchored, decode, export, loss
+from drafters.eagle3 import anchored, decode, export, loss, target
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from drafters.objective import StepLoss
 from draftsmith.config import Eagle3Config
@@ -45,6 +45,8 @@ def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
         head = inputs.target_model.get_output_embeddings().weight.detach().float()
         with torch.no_grad():
             drafter.lm_head.weight.copy_(head[vocab.draft_ids(d2t)])
+    if cfg.freeze_lm_head:
+        drafter.lm_head.weight.requires_grad_(False)
     return drafter
 
 
@@ -60,12 +62,31 @@ def draftable(batch: dict[str, torch.Tensor], head_VHt: torch.Tensor, t2d_V: tor
     return out
 
 
-def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, generator: torch.Generator):
-    """Forward KL to the target at every TTT depth; anchored TTT when `cfg.anchored` is set."""
+def objective(
+    cfg: Eagle3Config,
+    model: Eagle3Drafter,
+    head_VHt: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    shared: bool | None = None,
+):
+    """Forward KL to the target at every TTT depth; anchored TTT when `cfg.anchored` is set.
+
+    `shared` (default: off CUDA, `target.use_shared_target`): the counted positions and the target's
+    draft-vocabulary logits come from `target.SharedTarget`, once per step; otherwise from `draftable` and
+    the fused kernel's per-depth target logits. Both give the same loss (tested).
+    """
     draft_head = head_VHt[vocab.draft_ids(model.d2t)]  # [Vd, Ht], in the training compute dtype
+    shared_target = None
+    if shared if shared is not None else target.use_shared_target(head_VHt):
+        shared_target = target.SharedTarget(head_VHt, model.d2t, model.t2d)
 
     def run(model: Eagle3Drafter, batch: dict[str, torch.Tensor]) -> StepLoss:
-        mask = loss.position_mask(batch["loss_mask"], draftable(batch, head_VHt, model.t2d))
+        target_logits = None
+        if shared_target is not None:
+            mask, target_logits = shared_target(batch["loss_mask"], batch["last_hidden"])
+        else:
+            mask = loss.position_mask(batch["loss_mask"], draftable(batch, head_VHt, model.t2d))
         ids, feats = batch["input_ids"], batch["features"]
         if cfg.anchored is not None:
             a = cfg.anchored
@@ -74,9 +95,19 @@ def objective(cfg: Eagle3Config, model: Eagle3Drafter, head_VHt: torch.Tensor, g
             )
             hidden = anchored.anchored_hidden(model, ids, feats, anchor_BN, keep_BN, cfg.ttt_depth)
             return anchored.anchored_loss_fused(
-                model, hidden, anchor_BN, keep_BN, batch["last_hidden"], draft_head, mask, cfg.depth_decay
+                model,
+                hidden,
+                anchor_BN,
+                keep_BN,
+                batch["last_hidden"],
+                draft_head,
+                mask,
+                cfg.depth_decay,
+                target_logits,
             )
         hidden = model.ttt_hidden(ids, feats, cfg.ttt_depth)
+        if target_logits is not None:
+            return loss.ttt_loss_shared(model, hidden, target_logits, mask, cfg.depth_decay)
         return loss.ttt_loss_fused(model, hidden, batch["last_hidden"][mask], draft_head, mask, cfg.depth_decay)
 
     return run
@@ -106,8 +137,22 @@ def load(folder: str, target_model) -> tuple[Eagle3Drafter, list[int]]:
 def code_modules() -> list:
     """Modules whose source decides what training and decoding produce (cache keys)."""
     from drafters import layers, masks, mla
-    from drafters.eagle3 import attention
+    from drafters.eagle3 import attention, chain_attention
     from drafters.eagle3 import model as eagle3_model
 
-    modules = [anchors, anchored, decode, export, loss, eagle3_model, attention, vocab, layers, masks, mla]
+    modules = [
+        anchors,
+        anchored,
+        decode,
+        export,
+        loss,
+        target,
+        eagle3_model,
+        attention,
+        chain_attention,
+        vocab,
+        layers,
+        masks,
+        mla,
+    ]
     return [*modules, *kernels.source_modules()]

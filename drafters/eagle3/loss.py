@@ -73,15 +73,39 @@ def ttt_loss_fused(
         draft_head_VdHt: the target's lm_head rows of the draft vocabulary `[Vd, Ht]`.
         mask_BS, decay: as `ttt_loss`.
     """
+    return _fused_terms(
+        model, step_hidden, mask_BS, decay, lambda keep: Target(hidden=last_hidden_nHt[keep], head=draft_head_VdHt)
+    )
+
+
+def ttt_loss_shared(
+    model: Eagle3Drafter,
+    step_hidden: list[torch.Tensor],
+    target_logits_nVd: torch.Tensor,
+    mask_BS: torch.Tensor,
+    decay: float,
+) -> TTTLoss:
+    """`ttt_loss_fused` with the target's draft-vocabulary logits made once per step (`target.SharedTarget`)
+    and sliced for every depth, instead of `last_hidden @ draft_head.T` again at each depth.
+
+    Args:
+        target_logits_nVd: the target's logits over the draft vocabulary at `mask_BS.nonzero()` `[n, Vd]`.
+        model, step_hidden, mask_BS, decay: as `ttt_loss_fused`.
+    """
+    return _fused_terms(model, step_hidden, mask_BS, decay, lambda keep: Target(logits=target_logits_nVd[keep]))
+
+
+def _fused_terms(model, step_hidden, mask_BS, decay, target_of: Callable[[torch.Tensor], Target]) -> TTTLoss:
+    """Per depth k the fused head loss over the counted positions it reaches; `target_of(keep [n])` gives
+    the target rows of those positions."""
     b, p = mask_BS.nonzero(as_tuple=True)
     terms = []
     for k, hidden in enumerate(step_hidden):
-        keep = p >= 1 + k
+        keep = p >= 1 + k  # depth k at t = p - 1 - k needs t >= 0
         rows = model.norm(hidden[b[keep], p[keep] - 1 - k])
         n = rows.shape[0]
         mean = torch.full((n,), 1.0 / max(n, 1), device=rows.device)
-        target = Target(hidden=last_hidden_nHt[keep], head=draft_head_VdHt)
-        out = model.lm_head.fused_loss(rows, HeadLossCall(target=target, w_soft=mean))
+        out = model.lm_head.fused_loss(rows, HeadLossCall(target=target_of(keep), w_soft=mean))
         terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n)))
     return combine(terms, decay)
 
@@ -107,4 +131,13 @@ def combine(terms: list[tuple[torch.Tensor, ...]], decay: float) -> TTTLoss:
     )
 
 
-__all__ = ["TTTLoss", "combine", "depth_term", "position_mask", "simulated_acc_len", "ttt_loss", "ttt_loss_fused"]
+__all__ = [
+    "TTTLoss",
+    "combine",
+    "depth_term",
+    "position_mask",
+    "simulated_acc_len",
+    "ttt_loss",
+    "ttt_loss_fused",
+    "ttt_loss_shared",
+]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from drafters.eagle3.attention import check_attention, make_attention
+from drafters.eagle3.chain_attention import chain_attention
 from drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
 
 
@@ -124,8 +125,6 @@ class Eagle3Drafter(nn.Module):
         B, S = input_ids_BS.shape
         hidden = self.fuse(features_BSF)
         attn = self.midlayer.self_attn
-        scale = attn.scale
-        causal = torch.ones(S, S, dtype=torch.bool, device=input_ids_BS.device).tril()
         base_k = base_v = None
         diag_k: list[torch.Tensor] = []
         diag_v: list[torch.Tensor] = []
@@ -139,12 +138,7 @@ class Eagle3Drafter(nn.Module):
             else:
                 diag_k.append(kk)
                 diag_v.append(vv)
-            scores = (q @ base_k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
-            diag = [(q * dk).sum(-1, keepdim=True) * scale for dk in diag_k]
-            probs = torch.cat([scores, *diag], dim=-1).softmax(-1)
-            out = probs[..., :S] @ base_v
-            for j, dv in enumerate(diag_v):
-                out = out + probs[..., S + j : S + j + 1] * dv
+            out = chain_attention(q, base_k, base_v, diag_k, diag_v, attn.scale)
             h_out = self.midlayer.finish(out, hidden)
             outputs.append(h_out)
             hidden = self.norm(h_out) if self.spec.norm_output else h_out

@@ -77,6 +77,11 @@ class Eagle3Config(_AttentionFields):
     init_lm_head_from_target: bool = Field(
         True, description="Start the draft lm_head from the target's rows (faster convergence)."
     )
+    freeze_lm_head: bool = Field(
+        False,
+        description="Keep the draft lm_head at its initial rows (the target's, with init_lm_head_from_target): "
+        "a step skips the head's weight gradient and optimizer update (docs/training.md: its effect on quality).",
+    )
 
     def drafts_per_round(self, num_draft_tokens: int) -> int:
         """A chain drafts as many tokens per round as the evaluation asks (`evaluate.num_draft_tokens`)."""
