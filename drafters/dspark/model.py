@@ -151,7 +151,11 @@ def dspark_objective(
     target = Target(hidden=hidden, head=head if kept_ids is None else head[kept_ids])
     outside = None
     if kept_ids is not None and target_vocab == "full":
-        outside = outside_logsumexp(hidden, head, model.t2d)
+        # A position is the previous token of several counted slots (overlapping blocks): its [V]-wide logits
+        # are made once.
+        where, again = (b * ids.shape[1] + pos).unique(return_inverse=True)
+        last = batch["last_hidden"].flatten(0, 1)[where].to(h.device)
+        outside = outside_logsumexp(last, head, model.t2d)[again.to(h.device)]
     if not spec.enable_confidence_head:
         mix = (mix[0], mix[1], 0.0)
     return dspark_rows_fused(
