@@ -136,7 +136,7 @@ def run(*, quick: bool, anchors: int, rounds: int, steps: int, warmup: int, thre
             fam = fam | {"peer": fam["peer"] | shapes}
             job = {"recipe": str(recipe_path), "inputs": str(inputs), "verifier": verifier, "seq": seq}
             job |= {"threads": threads, "steps": steps, "warmup": warmup}
-            out[name] = compare(name, fam, job, folder, rounds, timeout=600 if not quick else 240)
+            out[name] = compare(name, fam, job, folder, rounds, timeout=3600)
             print(row(name, out[name]), flush=True)
     return {"families": out, "seq": seq, "anchors": anchors, "threads": threads, "rounds": rounds, "steps": steps}
 

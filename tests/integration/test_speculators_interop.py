@@ -27,7 +27,7 @@ from drafters.eagle3 import export as eagle3_export
 from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from drafters.export import bundle
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER_PYTHON = ROOT / ".venv-speculators" / "bin" / "python"
@@ -162,7 +162,7 @@ def interop(tmp_path_factory) -> dict:
             ours[job] = _ours(case, folder, embed, head, x)
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     cmd = [str(PEER_PYTHON), "-m", "benchmarks._peer_forward", str(tmp / "jobs.json")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     reports = {r["folder"]: r for r in map(json.loads, filter(None, proc.stdout.splitlines()))}
     return {job: (ours[job], load_file(j["out"]), reports[j["folder"]]) for job, j in zip(ours, jobs, strict=True)}
