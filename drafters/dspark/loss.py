@@ -97,7 +97,9 @@ def outside_column(
     ex, ew = call.extra if call.extra is not None else (weight_VD.new_zeros(n, 0), weight_VD.new_zeros(V, 0))
     one = torch.ones(n, 1, dtype=ex.dtype, device=ex.device)
     column = torch.full((1, 1), OUTSIDE_DRAFT_LOGIT, dtype=ew.dtype, device=ew.device)
-    hidden = torch.cat([target.hidden, outside_n[:, None].to(target.hidden.dtype)], dim=1)
+    # In the head's dtype, as `Target.rows` computes anyway: bf16 hidden states must not round the normaliser.
+    dtype = target.head.dtype
+    hidden = torch.cat([target.hidden.to(dtype), outside_n[:, None].to(dtype)], dim=1)
     head = torch.block_diag(target.head, target.head.new_ones(1, 1))
     return torch.cat([weight_VD, weight_VD.new_zeros(1, weight_VD.shape[1])]), dataclasses.replace(
         call,

@@ -249,6 +249,15 @@ def test_outside_column_adds_the_outside_mass_to_l1_and_changes_nothing_else():
         torch.testing.assert_close(a, b)
 
 
+def test_outside_column_keeps_the_normaliser_in_the_heads_dtype():
+    x, weight, emb, w2, hidden, head, t2d, labels = _head_case()
+    outside = outside_logsumexp(hidden, head, t2d) + 0.01  # not a bf16 value
+    call = HeadLossCall(target=Target(hidden=hidden.bfloat16(), head=head[t2d]), labels=labels, extra=(emb, w2))
+    _, wide = outside_column(weight, call, outside)
+    assert wide.target.hidden.dtype == torch.float32 and torch.equal(wide.target.hidden[:, -1], outside)
+    assert torch.equal(wide.target.rows(0, 9, 8)[:, -1], outside)
+
+
 def test_full_vocab_head_takes_over_the_backbone_head_without_drawing():
     state = torch.get_rng_state()
     FullVocabHead(8, 5)
