@@ -65,7 +65,7 @@ class SharedTarget:
         self.draft_ids = vocab.draft_ids(d2t_Vd).to(head_VHt.device)
         self.rest_ids = (~t2d_V).nonzero().squeeze(1).to(head_VHt.device)
         self.draft_head = head_VHt[self.draft_ids]  # [Vd, Ht]
-        self.rest_head = head_VHt[self.rest_ids]  # [V - Vd, Ht]
+        self.head = head_VHt  # the other ids' rows are gathered per cache miss, not held as a second copy
         self.cache: dict[bytes, np.ndarray] = {}
         self.cache_left = cache_bytes
 
@@ -88,7 +88,7 @@ class SharedTarget:
         packed = self.cache.get(key)
         if packed is not None:
             return torch.from_numpy(np.unpackbits(packed, count=h.shape[0]).astype(bool)).to(h.device)
-        out = in_draft(z_mVd[rows], h, self.rest_head, self.draft_ids, self.rest_ids)
+        out = in_draft(z_mVd[rows], h, self.head[self.rest_ids], self.draft_ids, self.rest_ids)
         packed = np.packbits(out.cpu().numpy())
         if packed.nbytes + len(key) <= self.cache_left:
             self.cache[key] = packed

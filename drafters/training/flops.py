@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 # Dense (no 2:4 sparsity) BF16/FP16 tensor-core peaks per GPU, matched by substring of
 # `torch.cuda.get_device_name()`, most specific first ("GB200" contains "B200", "H100 PCIe" contains "H100").
@@ -29,6 +29,25 @@ _PEAK_BF16: tuple[tuple[str, float], ...] = (
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def _cpu_flash(query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_backward(grad_out, query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def flop_counter() -> FlopCounterMode:
+    """A FlopCounterMode that also counts torch's CPU flash attention (SDPA on CPU, EAGLE-3's TTT attention),
+    which torch's own table leaves out, as it counts SDPA elsewhere: every `[Q, K]` score, masked or not."""
+    aten = torch.ops.aten
+    mapping = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
+    }
+    return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
 def flops_per_step(fn: Callable[[], torch.Tensor]) -> float:
     """FLOPs of `fn()` (forward, returning a scalar loss) plus `loss.backward()`.
 
@@ -36,7 +55,7 @@ def flops_per_step(fn: Callable[[], torch.Tensor]) -> float:
     `.grad` (zero them before training). Counts follow FlopCounterMode: a matmul of [m, k] @ [k, n] is
     2*m*k*n, attention via SDPA is counted, element-wise ops are not.
     """
-    counter = FlopCounterMode(display=False)
+    counter = flop_counter()
     with counter:
         loss = fn()
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
