@@ -7,7 +7,7 @@ depends only on the drafter and the target, not on the decoding engine's speed.
 """
 
 import math
-from itertools import combinations
+from itertools import combinations, pairwise
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -49,20 +49,21 @@ def fit_line(xs: list[float], ys: list[float]) -> dict:
 
 def crossings(tokens: list[int], series: dict[str, list[float]], fits: dict[str, dict]) -> list[dict]:
     """For every pair of families: where the measured curves change order (between which sizes), and where
-    their fitted lines meet (supervised tokens; None when parallel or when the lines met before 1 token)."""
+    their fitted lines meet (supervised tokens; None when parallel or when the lines met before 1 token), and
+    which is ahead at the largest size (None on a tie)."""
     out = []
     for f, g in combinations(series, 2):
         diff = [a - b for a, b in zip(series[f], series[g], strict=True)]
-        measured = [
-            [tokens[i], tokens[i + 1]] for i in range(len(diff) - 1) if diff[i] * diff[i + 1] < 0 or diff[i + 1] == 0
-        ]
+        # A tie is no change of order: compare the signs of the sizes where the two differ.
+        signed = [(i, d > 0) for i, d in enumerate(diff) if d != 0]
+        measured = [[tokens[i], tokens[j]] for (i, a), (j, b) in pairwise(signed) if a != b]
         fa, fb = fits[f], fits[g]
         slope = fa["per_doubling"] - fb["per_doubling"]
         meet = None
         if abs(slope) > 1e-12:
             log2_x = (fb["intercept"] - fa["intercept"]) / slope
             meet = round(2.0**log2_x) if -1 < log2_x < 200 else None
-        ahead = f if diff[-1] > 0 else g
+        ahead = f if diff[-1] > 0 else g if diff[-1] < 0 else None
         out.append(
             {"pair": [f, g], "measured_between": measured, "fitted_meet_tokens": meet, "ahead_at_largest": ahead}
         )
@@ -96,3 +97,33 @@ def plot(rows: list[dict], fits: dict[str, dict], path: str | Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.savefig(str(path), dpi=DPI)
+
+
+def markdown(report: dict) -> str:
+    """The results table and the fitted slopes of a `scaling.json`, as Markdown for the docs."""
+    depth = report["depth"]
+    lines = [
+        f"| prompts | supervised tokens | drafter | drafts/round | acc_len | expected accepted/round "
+        f"| … of the first {depth} | train s |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(report["rows"], key=lambda r: (r["prompts"], report["families"].index(r["family"]))):
+        lines.append(
+            f"| {r['prompts']} | {r['supervised_tokens']:,} | {r['family']} | {r['drafts_per_round']} "
+            f"| {r['acc_len']:.3f} | {r['expected_accepted']:.3f} | {r[f'expected_accepted_first_{depth}']:.3f} "
+            f"| {r['train_seconds']:,.0f} |"
+        )
+    summary = report["summary"]
+    if "acc_len" in summary:
+        lines += ["", "| drafter | acc_len per doubling | expected accepted/round per doubling |", "|---|---:|---:|"]
+        for fam, f in summary["acc_len"]["fits"].items():
+            e = summary["expected_accepted"]["fits"][fam]
+            lines.append(f"| {fam} | {f['per_doubling']:+.4f} | {e['per_doubling']:+.4f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(markdown(json.loads(Path(sys.argv[1]).read_text())))

@@ -1,10 +1,13 @@
-"""`benchmarks.scaling` end to end at toy sizes on the tiny target: three families, three nested data sizes.
+"""`benchmarks.scaling` end to end at toy sizes on the tiny target: a chain and a block drafter (EAGLE-3 and
+DSpark), three nested data sizes.
 
 The benchmark runs as a user runs it (`python -m benchmarks.scaling` from the repository root) with the tiny
-recipe's drafter section swapped per family. The checks are structural: every (size, family) row is there,
-the supervised-token counts grow with the nested subsets and are shared by the families, the expected
-accepted tokens per round agree with the measured acc_len, greedy outputs equal plain decoding, the fits and
-crossings cover every family and pair, the PNG has the plot's pixel size, and a rerun reuses every stage.
+recipe's drafter section swapped per family; DFlash2 takes the same path (its stages are covered by
+`test_drafter_families.py`) and is left out to keep the test short. The checks are structural: every
+(size, family) row is there, the supervised-token counts grow with the nested subsets and are shared by the
+families, the expected accepted tokens per round agree with the measured acc_len, greedy outputs equal plain
+decoding, the fits and crossings cover every family and pair, the PNG has the plot's pixel size, and a rerun
+reuses every stage.
 """
 
 import json
@@ -17,7 +20,8 @@ import yaml
 
 from benchmarks import _scaling_fit as fit
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# Six torchrun launches and six evaluations; the bounds leave room for a busy shared machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "deployments" / "recipes" / "tiny-cpu.yaml"
@@ -32,11 +36,8 @@ BLOCK = {
     "draft_vocab_size": 512,
     "fc_norm": False,
 }
-DRAFTERS = {
-    "dflash2": BLOCK
-    | {"kind": "dflash2", "block_size": 4, "selector_rank": 8, "selector_top_k": 4, "draft_vocab_size": None},
-    "dspark": BLOCK | {"kind": "dspark", "block_size": 4, "markov_rank": 8},
-}
+DRAFTERS = {"dspark": BLOCK | {"kind": "dspark", "block_size": 4, "markov_rank": 8}}
+FAMILIES = ["eagle3", "dspark"]
 SIZES = [2, 4, 8]
 
 
@@ -48,24 +49,27 @@ def _recipes(folder: Path) -> str:
     return str(folder / "tiny-{kind}.yaml")
 
 
-def _run(tmp_path: Path, template: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, template: str, timeout: int) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "benchmarks.scaling", "--sizes", ",".join(map(str, SIZES)), "--epochs", "1",
         "--recipe-template", template, "--run-root", str(tmp_path / "runs"), "--json", str(tmp_path / "s.json"),
-        "--png", str(tmp_path / "s.png"), "--set", "select.num_eval=2", "--set", "evaluate.max_new_tokens=8",
+        "--png", str(tmp_path / "s.png"), "--families", ",".join(FAMILIES),
+        "--set", "select.num_eval=2", "--set", "evaluate.max_new_tokens=8",
     ]  # fmt: skip
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=850)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def test_three_families_three_sizes(tmp_path):
+def _manifests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): json.loads(p.read_text())["created_at"] for p in root.rglob("manifest.json")}
+
+
+def test_two_families_three_sizes(tmp_path):
     template = _recipes(tmp_path)
-    proc = _run(tmp_path, template)
+    proc = _run(tmp_path, template, 1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((tmp_path / "s.json").read_text())
     rows = r["rows"]
-    assert {(x["family"], x["prompts"]) for x in rows} == {
-        (f, n) for f in ["eagle3", "dflash2", "dspark"] for n in SIZES
-    }
+    assert {(x["family"], x["prompts"]) for x in rows} == {(f, n) for f in FAMILIES for n in SIZES}
 
     # Nested subsets: one token count per size, the same for every family, growing with the size.
     tokens = {n: {x["supervised_tokens"] for x in rows if x["prompts"] == n} for n in SIZES}
@@ -80,21 +84,25 @@ def test_three_families_three_sizes(tmp_path):
         assert 0.0 <= x["expected_accepted_first_3"] <= x["expected_accepted"] <= x["drafts_per_round"]
         assert x["expected_accepted"] == pytest.approx(fit.expected_accepted(x["position_accept"]), abs=1e-3)
         assert x["train_seconds"] > 0 and x["steps"] >= 1 and 1 <= x["warmup_steps"] <= x["steps"]
-    assert [x["drafts_per_round"] for x in rows if x["prompts"] == 2] == [3, 3, 4]
+    assert [x["drafts_per_round"] for x in rows if x["prompts"] == 2] == [3, 4]
 
     summary = r["summary"]
-    assert set(summary["acc_len"]["fits"]) == {"eagle3", "dflash2", "dspark"}
-    assert len(summary["acc_len"]["crossings"]) == 3
+    assert set(summary["acc_len"]["fits"]) == set(FAMILIES)
+    (pair,) = summary["acc_len"]["crossings"]
+    assert pair["pair"] == FAMILIES and pair["ahead_at_largest"] in [*FAMILIES, None]
     png = (tmp_path / "s.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert (width, height) == (round(fit.INCHES[0] * fit.DPI), round(fit.INCHES[1] * fit.DPI))
     assert "per doubling" in proc.stdout
 
-    # A rerun finds every stage up to date and reports the same figures.
-    again = _run(tmp_path, template)
+    # A rerun finds every stage up to date (no manifest rewritten) and reports the same figures.
+    before = _manifests(tmp_path / "runs")
+    again = _run(tmp_path, template, 280)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "done in" not in again.stderr and "up to date" in again.stderr
+    assert _manifests(tmp_path / "runs") == before
+    # corpus (select, regenerate); per size: subset, tokenize, shared store, and train + evaluate per family
+    assert len(before) >= 2 + len(SIZES) * (3 + 2 * len(FAMILIES))
     assert json.loads((tmp_path / "s.json").read_text())["rows"] == rows
 
 
@@ -106,4 +114,6 @@ def test_expected_accepted_and_fits():
     fits = {"a": fit.fit_line([1, 4], [1.0, 1.2]), "b": fit.fit_line([1, 4], [1.1, 1.15])}
     (c,) = fit.crossings([1, 4], {"a": [1.0, 1.2], "b": [1.1, 1.15]}, fits)
     assert c["measured_between"] == [[1, 4]] and c["ahead_at_largest"] == "a"
+    (tie,) = fit.crossings([1, 2, 4], {"a": [1.0, 1.0, 1.2], "b": [1.0, 1.1, 1.1]}, fits)
+    assert tie["measured_between"] == [[2, 4]] and tie["ahead_at_largest"] == "a"
     assert c["fitted_meet_tokens"] == 3  # 1.0 + 0.1·log2 x = 1.1 + 0.025·log2 x at log2 x = 4/3: x = 2.52
