@@ -92,7 +92,7 @@ docs: $(BIN)/.installed
 
 # Benchmarks run as modules from the repo root: run as scripts, benchmarks/ would head sys.path and a file
 # named like a stdlib module (benchmarks/tokenize.py) would shadow it.
-bench: setup $(VLLM_VENV)/.installed
+bench: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
 	@for b in benchmarks/[!_]*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
 lint: $(BIN)/.installed
