@@ -19,6 +19,13 @@ DEFAULT_PROMPTS = (
 )
 
 
+def _distinct_levels(v: tuple[int, ...]) -> tuple[int, ...]:
+    """Concurrency levels in increasing order; each positive and given once."""
+    if any(c < 1 for c in v) or len(set(v)) != len(v):
+        raise ValueError(f"concurrency: levels must be distinct positive integers, got {list(v)}")
+    return tuple(sorted(v))
+
+
 class SweepConfig(StrictModel):
     """One throughput sweep against one server (`draftsmith sweep`, `evals.sweep`)."""
 
@@ -33,12 +40,7 @@ class SweepConfig(StrictModel):
     timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit per concurrency level, in seconds.")
     seed: int = Field(0, description="Seed of the load generator.")
 
-    @field_validator("concurrency")
-    @classmethod
-    def _levels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if any(c < 1 for c in v) or len(set(v)) != len(v):
-            raise ValueError(f"concurrency: levels must be distinct positive integers, got {list(v)}")
-        return tuple(sorted(v))
+    _levels = field_validator("concurrency")(_distinct_levels)
 
     @field_validator("prompts")
     @classmethod
@@ -69,12 +71,7 @@ class SpeedupConfig(StrictModel):
     warmup_requests: int = Field(2, ge=0, description="Untimed requests to each server before its first timed run.")
     timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit for all timed runs together, in seconds.")
 
-    @field_validator("concurrency")
-    @classmethod
-    def _levels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if any(c < 1 for c in v) or len(set(v)) != len(v):
-            raise ValueError(f"concurrency: levels must be distinct positive integers, got {list(v)}")
-        return tuple(sorted(v))
+    _levels = field_validator("concurrency")(_distinct_levels)
 
     @model_validator(mode="after")
     def _saturate(self) -> SpeedupConfig:
