@@ -57,16 +57,21 @@ class OutputHead(nn.Linear):
 
     def fused_loss(self, x_nD: torch.Tensor, call: HeadLossCall) -> HeadLossOut:
         """`kernels.head_loss(x, self.weight, ...)` on rows `[n, D]` (already through the final norm)."""
-        return head_loss(
-            x_nD,
-            self.weight,
-            target=call.target,
-            labels=call.labels,
-            w_soft=call.w_soft,
-            w_ce=call.w_ce,
-            w_l1=call.w_l1,
-            extra=call.extra,
-        )
+        return apply_head_loss(x_nD, self.weight, call)
+
+
+def apply_head_loss(x_nD: torch.Tensor, weight_VD: torch.Tensor, call: HeadLossCall) -> HeadLossOut:
+    """`kernels.head_loss` of rows `[n, D]` against `weight_VD` `[V, D]` with the terms `call` names."""
+    return head_loss(
+        x_nD,
+        weight_VD,
+        target=call.target,
+        labels=call.labels,
+        w_soft=call.w_soft,
+        w_ce=call.w_ce,
+        w_l1=call.w_l1,
+        extra=call.extra,
+    )
 
 
 class SwiGLU(nn.Module):

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from drafters.dspark.loss import outside_column
-from drafters.layers import HeadLossCall, OutputHead, RMSNorm
-from kernels import HeadLossOut, head_loss
+from drafters.layers import HeadLossCall, OutputHead, RMSNorm, apply_head_loss
+from kernels import HeadLossOut
 
 
 class MarkovHead(nn.Module):
@@ -82,16 +82,7 @@ class FullVocabHead(OutputHead):
     def fused_loss_with_outside(self, x_nD: torch.Tensor, call: HeadLossCall, outside_n: torch.Tensor) -> HeadLossOut:
         """`fused_loss` over the draft columns plus the outside column, `outside_n` `[n]` its target logit."""
         weight, call = outside_column(self.weight, call, outside_n)
-        return head_loss(
-            x_nD,
-            weight,
-            target=call.target,
-            labels=call.labels,
-            w_soft=call.w_soft,
-            w_ce=call.w_ce,
-            w_l1=call.w_l1,
-            extra=call.extra,
-        )
+        return apply_head_loss(x_nD, weight, call)
 
 
 @torch.no_grad()
