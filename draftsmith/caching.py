@@ -1,50 +1,43 @@
-"""Prefect cache keys that also check a stage's artifacts still exist.
+"""Prefect cache keys made from the stage's own key, so Prefect and the stage agree on "current".
 
-A key made of inputs and source alone would happily replay a manifest whose files were deleted or
-changed. Here, no valid manifest on disk (every file present with its recorded size and digest) means no
-key at all (the task runs), and a valid one folds its own key and file digests in. So the first rerun
-after a stage completes runs the task body, which finds the valid manifest on disk and returns it without
-work; later reruns are Prefect cache hits.
+Every stage module defines `<stage>_key(...)` with its task's parameters (all but `run_dir`); the stage
+function runs under that key (`draftsmith.stage.run_stage`) and the task's Prefect cache key is that same
+key, checked by `valid_manifest` (every file present with its recorded size and digest) and extended with
+the files' digests. No current manifest on disk means no key at all (the task runs). So the first rerun
+after a stage completes runs the task body, which finds the current manifest and returns it without work;
+later reruns are Prefect cache hits. The dispatch of a stage to another pool asks the same question
+through the task's `stage_key` attribute.
 
 Each stage task run is named `<task>[<run>]` and, when its body runs, publishes the stage's markdown
-summary (`draftsmith.ui`). The summary wrapper keeps the stage function's identity (`functools.wraps`, and
-Prefect's `__prefect_task_source__`), so the key's `inspect.getsource` still reads the function itself.
+summary (`draftsmith.ui`).
 """
 
 import functools
 import hashlib
-import inspect
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from prefect import task
-from pydantic import BaseModel
 
 from draftsmith import storage, ui
 from draftsmith.manifest import StageManifest
 from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
-from draftsmith.stage import load_manifest
+from draftsmith.stage import valid_manifest
+
+KeyFn = Callable[..., str]
 
 
-def _param_fingerprint(value: Any) -> str:
-    if isinstance(value, BaseModel):
-        return value.model_dump_json()
-    return repr(value)
-
-
-def artifact_cache_key(stage: str) -> Callable[[Any, dict[str, Any]], str | None]:
-    """A `cache_key_fn` for the task of `stage`, whose stage folder is `<run_dir>/<stage>`."""
+def artifact_cache_key(stage: str, key_of: KeyFn) -> Callable[[Any, dict[str, Any]], str | None]:
+    """A `cache_key_fn` for the task of `stage`, whose stage folder is `<run_dir>/<stage>` and whose stage
+    key is `key_of(**parameters without run_dir)`."""
 
     def key_fn(context: Any, parameters: dict[str, Any]) -> str | None:
-        manifest = load_manifest(storage.join(parameters["run_dir"], stage))
-        if manifest is None or not manifest.artifacts_present():
+        args = {name: value for name, value in parameters.items() if name != "run_dir"}
+        manifest = valid_manifest(storage.join(parameters["run_dir"], stage), key_of(**args), quiet=True)
+        if manifest is None:
             return None
-        h = hashlib.sha256(stage.encode())
-        h.update(inspect.getsource(context.task.fn).encode())
-        for name in sorted(parameters):
-            h.update(f"\0{name}={_param_fingerprint(parameters[name])}".encode())
-        h.update(manifest.key.encode())
+        h = hashlib.sha256(manifest.key.encode())
         h.update(",".join(f.digest for f in manifest.files).encode())
         return h.hexdigest()
 
@@ -62,24 +55,25 @@ def summarised(fn: Callable[..., Any]) -> Callable[..., Any]:
             ui.publish_summary(result, started_at=started_at)
         return result
 
-    # Prefect derives the task key from the code of `__prefect_task_source__` when it is the wrapped function.
-    run_and_summarise.__prefect_task_source__ = fn  # type: ignore[attr-defined]
     return run_and_summarise
 
 
-def stage_task(name: str, stage: str) -> Callable[[Callable[..., Any]], Any]:
-    """The `@task` every stage wrapper uses: artifact-checked caching, transient-only retries, runs named
-    `name[<run>]` after the `run_dir` parameter, and a summary artifact per executed stage."""
+def stage_task(name: str, stage: str, key: KeyFn) -> Callable[[Callable[..., Any]], Any]:
+    """The `@task` every stage wrapper uses: cached by the stage key `key` (same parameters as the task but
+    `run_dir`) and the artifacts' integrity, transient-only retries, runs named `name[<run>]` after the
+    `run_dir` parameter, and a summary artifact per executed stage. The task carries `key` as `stage_key`."""
 
     def decorate(fn: Callable[..., Any]) -> Any:
-        return task(
+        wrapped = task(
             name=name,
             task_run_name=ui.task_run_namer(name),
-            cache_key_fn=artifact_cache_key(stage),
+            cache_key_fn=artifact_cache_key(stage, key),
             persist_result=True,
             retries=RETRIES,
             retry_delay_seconds=RETRY_DELAYS,
             retry_condition_fn=transient_only,
         )(summarised(fn))
+        wrapped.stage_key = key
+        return wrapped
 
     return decorate

@@ -11,34 +11,27 @@ keys the parent passed (so a run folder changed in between fails loudly instead 
 Its stage folder holds the manifest the parent then reads back. `run_dir` must therefore be storage both
 pools reach: S3 on a cluster, a local folder on one machine.
 
-A rerun does not schedule a pod to learn that nothing changed: after a dispatched stage finishes, the parent
-records its request (recipe, stage, upstream keys and a hash of this checkout's code) and the manifest key in
-`<run_dir>/.dispatch/<stage>.json`, and the next identical request with that manifest intact is answered from
-the folder.
+A rerun does not schedule a pod to learn that nothing changed: the parent computes the stage's key (the
+same `draftsmith.stage.stage_key` the stage itself, and its Prefect cache key, use) and, when the stage folder
+holds a current manifest for it (`valid_manifest`: every file with its recorded size and digest), answers from
+the folder. A dispatched stage must finish with that key; one that finishes with another (a pool whose workers
+run other code) is refused by name.
 """
 
-import functools
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from draftsmith import storage
 from draftsmith.config import PipelineConfig
 from draftsmith.config.stages import Resources
 from draftsmith.manifest import StageManifest
-from draftsmith.stage import load_manifest
+from draftsmith.stage import load_manifest, valid_manifest
 
 log = logging.getLogger(__name__)
 
 STAGE_FLOW = "stage"
-RECORDS = ".dispatch"
-ROOT = Path(__file__).resolve().parents[1]
-# Everything a stage's flow run executes; a change anywhere in them re-dispatches finished stages.
-CODE_DIRS = ("draftsmith", "flows", "tasks", "drafters", "engines", "transport", "evals", "kernels")
 # Each stage's inputs, by the upstream stages whose manifests it reads (pipeline order).
 UPSTREAM: dict[str, tuple[str, ...]] = {
     "select_prompts": (),
@@ -122,27 +115,33 @@ def finished_inputs(config: PipelineConfig, stage: str, run_dir: str, expected: 
     return inputs
 
 
+Inputs = Mapping[str, StageManifest | None]
+
+
 def run_stage(
     config: PipelineConfig,
     stage: str,
     run_dir: str,
-    done: Mapping[str, StageManifest | None],
-    here: Callable[[PipelineConfig, str, str, Mapping[str, StageManifest | None]], StageManifest | None],
+    done: Inputs,
+    here: Callable[[PipelineConfig, str, str, Inputs], StageManifest | None],
     pool: str | None,
+    key_of: Callable[[PipelineConfig, str, Inputs], str],
 ) -> StageManifest | None:
     """Run `stage` in this process (`here(config, stage, run_dir, inputs)`) when it belongs to `pool` (this
-    run's; None: no pool), else as a `stage/<its pool>` flow run; returns its manifest (None if skipped)."""
+    run's; None: no pool), else as a `stage/<its pool>` flow run that must finish with the stage key
+    `key_of(config, stage, inputs)`; returns its manifest (None if skipped)."""
     if skipped(config, stage):
         return None
     inputs = {name: done.get(name) for name in UPSTREAM[stage]}
     target = resources(config, stage).work_pool
     if pool is None or target == pool:
         return here(config, stage, run_dir, inputs)
-    return remote(config, stage, run_dir, upstream_keys(stage, done))
+    return remote(config, stage, run_dir, upstream_keys(stage, done), key_of(config, stage, inputs))
 
 
-def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str, str]) -> StageManifest:
-    """Run `stage` as a flow run of `stage/<pool>`, wait for it, and read its manifest back from `run_dir`."""
+def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str, str], key: str) -> StageManifest:
+    """Run `stage` as a flow run of `stage/<pool>` unless `run_dir` holds its current result for `key`, wait
+    for it, and read its manifest back from `run_dir`."""
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
@@ -151,12 +150,12 @@ def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str,
     deployment = f"{STAGE_FLOW}/{res.work_pool}"
     if storage.is_local(run_dir):
         run_dir = os.path.abspath(run_dir)  # the other worker need not start in this directory
-    params = {"config": config.model_dump(mode="json"), "stage": stage, "run_dir": run_dir, "expected": expected}
-    request = request_fingerprint(params)
-    done = recorded(run_dir, stage, request)
+    url = storage.join(run_dir, stage)
+    done = valid_manifest(url, key)
     if done is not None:
-        log.info("%s: up to date (%s, dispatched before with the same request); not dispatching", stage, done.uri)
+        log.info("%s: up to date (%s); not dispatching", stage, done.uri)
         return done
+    params = {"config": config.model_dump(mode="json"), "stage": stage, "run_dir": run_dir, "expected": expected}
     try:
         variables = job_variables(res, _declared_variables(res.work_pool))
         log.info("%s: on pool %s (deployment %s, job variables %s)", stage, res.work_pool, deployment, variables)
@@ -179,40 +178,18 @@ def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str,
             f"stage {stage}: flow run {child.name} ({child.id}) on pool {res.work_pool} ended {name}: "
             f"{(state.message if state else '') or 'no message'}"
         )
-    url = storage.join(run_dir, stage)
     manifest = load_manifest(url)
-    if manifest is None or not manifest.artifacts_present():
+    if manifest is None:
         raise DispatchError(f"stage {stage}: flow run {child.name} completed, but {url} holds no finished manifest")
-    record = {"request": request, "manifest_key": manifest.key, "flow_run": str(child.id)}
-    storage.write_json(storage.join(run_dir, RECORDS, f"{stage}.json"), record)
+    if manifest.key != key:
+        raise DispatchError(
+            f"stage {stage}: flow run {child.name} on pool {res.work_pool} finished with key {manifest.key[:12]}, "
+            f"but this flow run's code and inputs give {key[:12]}; do the pool's workers run another draftsmith?"
+        )
+    problem = manifest.problem()
+    if problem is not None:
+        raise DispatchError(f"stage {stage}: flow run {child.name} completed, but {problem}")
     return manifest
-
-
-@functools.cache
-def code_fingerprint() -> str:
-    """sha256 over the path and bytes of every `.py` file in `CODE_DIRS` of this checkout."""
-    h = hashlib.sha256()
-    for path in sorted(p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py")):
-        h.update(f"{path.relative_to(ROOT)}\0".encode() + path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def request_fingerprint(params: Mapping[str, Any]) -> str:
-    """What a dispatch asks for: the stage flow's parameters and the code that would run them."""
-    body = json.dumps({"params": params, "code": code_fingerprint()}, sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
-
-
-def recorded(run_dir: str, stage: str, request: str) -> StageManifest | None:
-    """The stage's manifest if an earlier dispatch of the same `request` produced it and its files are all there."""
-    url = storage.join(run_dir, RECORDS, f"{stage}.json")
-    if not storage.exists(url):
-        return None
-    record = storage.read_json(url)
-    manifest = load_manifest(storage.join(run_dir, stage))
-    if record.get("request") != request or manifest is None or manifest.key != record.get("manifest_key"):
-        return None
-    return manifest if manifest.artifacts_present() else None
 
 
 def _declared_variables(pool: str) -> dict[str, Any]:

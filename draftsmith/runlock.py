@@ -5,7 +5,8 @@ drops it when every process holding that file is gone: a killed run leaves no lo
 record (host, pid, start time, command) in the file, which the next run overwrites. The trainer's torchrun
 inherits the open file (`inherited_fds`), so a rerun is refused while an old trainer is still writing.
 
-Object-store run folders are not locked (a warning says so): a lease there needs a conditional put.
+An object-store run folder is held by a lease object renewed with conditional puts (`draftsmith.runlease`):
+a killed run stops renewing it, and the next run takes it over once it has expired (`storage.lock_lease_s`).
 """
 
 import contextlib
@@ -21,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("draftsmith.runlock")
 
@@ -44,11 +46,12 @@ class RunFolderBusy(ValueError):
 class _Held:
     def __init__(self, path: Path, fd: int) -> None:
         self.path, self.fd, self.depth = path, fd, 1
+        self.lease: Any = None  # an object-store folder's S3Lease (fd is then -1)
 
 
 # Keyed by the lock file's resolved path: a nested hold in this process (a subflow on the same folder) must
 # not flock the file a second time, which would conflict with our own first open file.
-_held: dict[Path, _Held] = {}
+_held: dict[Path | str, _Held] = {}
 _guard = threading.Lock()
 
 
@@ -103,12 +106,7 @@ def _acquire_local(run_dir: str, folder: Path) -> _Held:
             log.info(
                 "run folder %s: taking over from pid %s on %s (%s)", run_dir, old.get("pid"), old.get("host"), state
             )
-        record = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": _command(),
-        }
+        record = _record()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
         held = _held[path] = _Held(path, fd)
@@ -125,18 +123,53 @@ def _release_local(held: _Held) -> None:
         os.close(held.fd)
 
 
+def _record() -> dict:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": _command(),
+    }
+
+
 @contextlib.contextmanager
-def hold(run_dir: str) -> Iterator[None]:
-    """Hold `run_dir` for the block, or raise RunFolderBusy naming the process that holds it."""
+def _hold_remote(run_dir: str, lease_s: float | None) -> Iterator[None]:
+    from draftsmith.config import StorageConfig
+    from draftsmith.runlease import S3Lease
+
+    with _guard:
+        if (held := _held.get(run_dir)) is not None:  # a nested hold in this process
+            held.depth += 1
+        else:
+            lease = S3Lease(run_dir, _record(), lease_s or StorageConfig().lock_lease_s)
+            lease.acquire()
+            held = _held[run_dir] = _Held(Path(run_dir), -1)
+            held.lease = lease
+    try:
+        yield
+    finally:
+        with _guard:
+            held.depth -= 1
+            last = held.depth == 0
+            if last:
+                _held.pop(run_dir, None)
+        if last:
+            held.lease.release()
+            if held.lease.lost:
+                raise RuntimeError(f"run folder {run_dir}: {held.lease.lost}; its results may mix two runs' writes")
+
+
+@contextlib.contextmanager
+def hold(run_dir: str, lease_s: float | None = None) -> Iterator[None]:
+    """Hold `run_dir` for the block, or raise RunFolderBusy naming the process that holds it.
+
+    `lease_s` is the lease of an object-store folder (None: `StorageConfig`'s); a local folder is flocked.
+    """
     from draftsmith import storage
 
     if not storage.is_local(run_dir):
-        log.warning(
-            "run folder %s is not on a local filesystem: no lock is taken, so nothing stops a second run "
-            "from writing into it at the same time",
-            run_dir,
-        )
-        yield
+        with _hold_remote(run_dir, lease_s):
+            yield
         return
     held = _acquire_local(run_dir, storage.local_path(run_dir))
     try:
@@ -151,12 +184,13 @@ def inherited_fds() -> tuple[int, ...]:
     While such a child lives the lock stays held, even after this process is killed.
     """
     with _guard:
-        return tuple(h.fd for h in _held.values())
+        return tuple(h.fd for h in _held.values() if h.fd >= 0)
 
 
 def remove_stale_temps(folder: str) -> list[str]:
-    """Delete atomic-write temp files (`.<name>.XXXXXXXX.tmp`) left directly in a local `folder` by a
-    writer that was killed mid-write; returns their names. Only safe for the folder's one writer."""
+    """Delete atomic-write temp files (`.<name>.XXXXXXXX.tmp`) left anywhere under a local `folder` by a
+    writer that was killed mid-write; returns their paths relative to `folder`. Only safe for the folder's
+    one writer."""
     from draftsmith import storage
 
     if not storage.is_local(folder):
@@ -164,10 +198,10 @@ def remove_stale_temps(folder: str) -> list[str]:
     path = storage.local_path(folder)
     removed = []
     with contextlib.suppress(FileNotFoundError):
-        for entry in path.iterdir():
+        for entry in path.rglob("*.tmp"):
             if _TEMP.match(entry.name) and entry.is_file():
                 entry.unlink(missing_ok=True)
-                removed.append(entry.name)
+                removed.append(str(entry.relative_to(path)))
     if removed:
         log.info("%s: removed %d temp files of an interrupted write: %s", folder, len(removed), ", ".join(removed))
     return sorted(removed)

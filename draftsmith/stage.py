@@ -12,7 +12,6 @@ when its content changed.
 """
 
 import hashlib
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -22,7 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from draftsmith import storage
+from draftsmith import runlock, storage
+from draftsmith.codehash import code_digest
 from draftsmith.manifest import FileEntry, StageManifest
 
 log = logging.getLogger(__name__)
@@ -51,10 +51,12 @@ def _fingerprint(value: Any) -> str:
 
 
 def stage_key(stage: str, code: Iterable[ModuleType], **inputs: Any) -> str:
-    """Hash of the stage name, the source of the modules it runs, and its inputs."""
+    """The one key of a stage's result: the stage name, the code it runs (`code` and every project module
+    they import, `codehash.code_digest`) and its inputs (config sections, upstream manifests' keys and
+    digests, source fingerprints). The stage bookkeeping, the Prefect cache key and the dispatch of a stage
+    to another pool all compare this key and then `valid_manifest`."""
     h = hashlib.sha256(stage.encode())
-    for module in code:
-        h.update(inspect.getsource(module).encode())
+    h.update(code_digest(code).encode())
     for name in sorted(inputs):
         h.update(f"\0{name}=".encode() + _fingerprint(inputs[name]).encode())
     return h.hexdigest()
@@ -72,14 +74,20 @@ def load_manifest(stage_uri: str) -> StageManifest | None:
     return StageManifest.model_validate(storage.read_json(url)).bound_to(stage_uri)
 
 
-def valid_manifest(stage_uri: str, key: str) -> StageManifest | None:
-    """The finished manifest for `key`, if its artifacts are all still there with their recorded content."""
+def valid_manifest(stage_uri: str, key: str, *, quiet: bool = False) -> StageManifest | None:
+    """The finished manifest for `key`, if its artifacts are all still there with their recorded content.
+
+    This is the one test of "is this stage's result current": same key, every listed file present with its
+    recorded size and digest (re-hashed, not just sized). A mismatch is logged naming the file, unless
+    `quiet` (the Prefect cache key asks first; the stage body then logs it once).
+    """
     manifest = load_manifest(stage_uri)
     if manifest is None or manifest.key != key:
         return None
     problem = manifest.problem()
     if problem is not None:
-        log.warning("%s: %s; recomputing the stage", manifest.stage, problem)
+        if not quiet:
+            log.warning("%s: %s; recomputing the stage", manifest.stage, problem)
         return None
     return manifest
 
@@ -113,11 +121,18 @@ def _prepare_folder(stage_uri: str, key: str) -> None:
 
 def run_stage(stage: str, stage_uri: str, key: str, compute: Callable[[str], StageResult]) -> StageManifest:
     """Return the stage's manifest, computing (or resuming) it only when needed."""
+    start = time.perf_counter()
     done = valid_manifest(stage_uri, key)
     if done is not None:
-        log.info("%s: up to date (%s)", stage, stage_uri)
+        size = sum(f.bytes for f in done.files) / 1e6
+        took = time.perf_counter() - start
+        log.info(
+            "%s: up to date (%s; %d files, %.1f MB verified in %.2f s)", stage, stage_uri, len(done.files), size, took
+        )
         return done
     _prepare_folder(stage_uri, key)
+    # A killed write leaves its temp file behind; the run holds the folder, so no live writer owns one.
+    runlock.remove_stale_temps(stage_uri)
     start = time.perf_counter()
     result = compute(stage_uri)
     manifest = StageManifest(

@@ -8,7 +8,7 @@ from prefect import flow
 from draftsmith import dispatch, runlock, storage
 from draftsmith.config import PipelineConfig, record_recipe
 from draftsmith.manifest import StageManifest
-from flows.stages import run_here
+from flows.stages import key_here, run_here
 
 _STAGE_ATTR = "draftsmith_stage"
 
@@ -32,13 +32,13 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
     run_dir = run_dir or default_run_dir(config)
     # Taken here, not in the CLI, so deployment runs hold it too; the `stage/<pool>` flow runs this one
     # dispatches write while it holds the lock and take none of their own.
-    with runlock.hold(run_dir):
+    with runlock.hold(run_dir, lease_s=config.storage.lock_lease_s):
         record_recipe(config, run_dir)
         pool = dispatch.current_pool()
         done: dict[str, StageManifest | None] = {}
         for stage in dispatch.STAGES:
             try:
-                done[stage] = dispatch.run_stage(config, stage, run_dir, done, run_here, pool)
+                done[stage] = dispatch.run_stage(config, stage, run_dir, done, run_here, pool, key_of=key_here)
             except Exception as err:
                 # Tagged, not wrapped: retry policies and callers still see the stage's own exception type.
                 setattr(err, _STAGE_ATTR, stage)

@@ -6,7 +6,7 @@ and `draftsmith/dispatch.py`; this file only wires.
 """
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from prefect import flow
 
@@ -15,6 +15,7 @@ from draftsmith.config import PipelineConfig
 from draftsmith.manifest import StageManifest
 from flows.hidden_states import hidden_states_flow
 from tasks.evaluate import evaluate_task
+from tasks.hidden_states import hidden_states_task
 from tasks.regenerate import regenerate_task
 from tasks.select_prompts import select_prompts_task
 from tasks.tokenization import tokenize_task
@@ -23,26 +24,51 @@ from tasks.train import train_task
 Stage = Literal["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]
 
 
+def _bound(config: PipelineConfig, stage: str, inputs: Mapping[str, StageManifest | None]) -> tuple[Any, dict]:
+    """The task of `stage` and its arguments but `run_dir`: what it runs and what its key is made of."""
+    c = config
+    if stage == "select_prompts":
+        return select_prompts_task, {
+            "cfg": c.select, "target": c.target, "seed": c.seed, "answer_tokens": c.regenerate.max_new_tokens,
+        }  # fmt: skip
+    if stage == "regenerate":
+        return regenerate_task, {
+            "cfg": c.regenerate,
+            "target": c.target,
+            "prompts": inputs["select_prompts"],
+            "seed": c.seed,
+        }
+    if stage == "tokenize":
+        return tokenize_task, {"cfg": c.tokenize, "target": c.target, "conversations": inputs["regenerate"]}
+    if stage == "hidden_states":
+        return hidden_states_task, {"cfg": c.hidden_states, "target": c.target, "tokens": inputs["tokenize"]}
+    if stage == "train":
+        return train_task, {
+            "cfg": c.train, "drafter_cfg": c.drafter, "target": c.target, "hidden_cfg": c.hidden_states,
+            "tokens": inputs["tokenize"], "hidden": inputs["hidden_states"], "seed": c.seed,
+        }  # fmt: skip
+    if stage == "evaluate":
+        return evaluate_task, {
+            "cfg": c.evaluate, "drafter_cfg": c.drafter, "target": c.target, "prompts": inputs["select_prompts"],
+            "checkpoint": inputs["train"], "seed": c.seed,
+        }  # fmt: skip
+    raise ValueError(f"stage: {stage!r} is not one of {dispatch.STAGES}")
+
+
 def run_here(
     config: PipelineConfig, stage: str, run_dir: str, inputs: Mapping[str, StageManifest | None]
 ) -> StageManifest | None:
     """Run `stage`'s task in this flow run on its upstream manifests `inputs` (`dispatch.UPSTREAM[stage]`)."""
-    c = config
-    if stage == "select_prompts":
-        return select_prompts_task(c.select, c.target, c.seed, run_dir, c.regenerate.max_new_tokens)
-    if stage == "regenerate":
-        return regenerate_task(c.regenerate, c.target, inputs["select_prompts"], c.seed, run_dir)
-    if stage == "tokenize":
-        return tokenize_task(c.tokenize, c.target, inputs["regenerate"], run_dir)
-    if stage == "hidden_states":
-        return hidden_states_flow(c, run_dir, inputs["tokenize"])
-    if stage == "train":
-        hidden = inputs["hidden_states"]
-        return train_task(c.train, c.drafter, c.target, c.hidden_states, inputs["tokenize"], hidden, c.seed, run_dir)
-    if stage == "evaluate":
-        prompts, checkpoint = inputs["select_prompts"], inputs["train"]
-        return evaluate_task(c.evaluate, c.drafter, c.target, prompts, checkpoint, run_dir, c.seed)
-    raise ValueError(f"stage: {stage!r} is not one of {dispatch.STAGES}")
+    if stage == "hidden_states":  # a subflow: deployed on its own, it also serves online producers
+        return hidden_states_flow(config, run_dir, inputs["tokenize"])
+    task, args = _bound(config, stage, inputs)
+    return task(**args, run_dir=run_dir)
+
+
+def key_here(config: PipelineConfig, stage: str, inputs: Mapping[str, StageManifest | None]) -> str:
+    """The key `stage` runs under on `inputs` (`draftsmith.stage.stage_key`, via the task's `stage_key`)."""
+    task, args = _bound(config, stage, inputs)
+    return task.stage_key(**args)
 
 
 @flow(name="stage", flow_run_name="{stage}[{config.name}]", log_prints=True, validate_parameters=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from drafters import families, speculative, speculative_batch, verify
+from drafters import families
 from drafters.dspark import calibration as cal
 from draftsmith import storage
 from draftsmith.caching import stage_task
@@ -23,7 +23,7 @@ from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.progress import Progress, stage_progress
 from draftsmith.stage import StageResult, run_stage, stage_key, verify_stage
 from engines import hf
-from evals import evaluation, harness, loaders, plots, report, suites
+from evals import evaluation, loaders, plots, report, suites
 from evals.records import BenchPrompt
 from tasks.prompt_pool import CATEGORIES
 from tasks.select_prompts import read_prompts
@@ -146,6 +146,22 @@ def evaluate_checkpoint(
     return results, files + render(uri, key, results)
 
 
+def evaluate_key(
+    cfg: EvaluateConfig,
+    drafter_cfg: DrafterConfig,
+    target: TargetConfig,
+    prompts: StageManifest,
+    checkpoint: StageManifest,
+    seed: int = 0,
+) -> str:
+    """The stage key (`draftsmith.stage.stage_key`): sections, prompts, checkpoint and seed; the code is
+    this module's and the drafter family's."""
+    family = families.family(drafter_cfg.kind)
+    code = [sys.modules[__name__], family, *family.code_modules()]
+    inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "prompts": prompts, "checkpoint": checkpoint}
+    return stage_key(STAGE, code, **inputs, seed=seed)
+
+
 def evaluate(
     cfg: EvaluateConfig,
     drafter_cfg: DrafterConfig,
@@ -157,11 +173,7 @@ def evaluate(
     seed: int = 0,
 ) -> StageManifest:
     """Write `results.json`, per-turn `prompts.jsonl`, plots and (DSpark) `calibration.json` under `out_uri`."""
-    family = families.family(drafter_cfg.kind)
-    code = [sys.modules[__name__], speculative, speculative_batch, verify, cal, evaluation, harness, suites, loaders]
-    code.append(family)
-    inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "prompts": prompts, "checkpoint": checkpoint}
-    key = stage_key(STAGE, code + family.code_modules(), **inputs, seed=seed)
+    key = evaluate_key(cfg, drafter_cfg, target, prompts, checkpoint, seed)
 
     def compute(uri: str) -> StageResult:
         with stage_progress(STAGE, uri, None, "evaluate: prompts decoded", unit="prompt") as progress:
@@ -178,7 +190,7 @@ def read_results(manifest: StageManifest) -> dict:
     return storage.read_json(manifest.path("results.json"))
 
 
-@stage_task("evaluate", STAGE)
+@stage_task("evaluate", STAGE, key=evaluate_key)
 def evaluate_task(
     cfg: EvaluateConfig,
     drafter_cfg: DrafterConfig,

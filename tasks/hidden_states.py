@@ -11,17 +11,17 @@ import logging
 import sys
 from collections.abc import Iterator
 
-from draftsmith import runlock, storage
+from draftsmith import storage
 from draftsmith.caching import stage_task
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import FileEntry, StageManifest, entry
 from draftsmith.pools import gpu_slots
 from draftsmith.progress import stage_progress
 from draftsmith.stage import StageResult, load_manifest, run_stage, stage_key
-from engines import hf, hidden_capture
+from engines import hidden_capture
 from engines.taps import TAP_CONVENTION
 from tasks.tokenization import read_token_shard
-from transport import offline_store, sample
+from transport import offline_store
 from transport.offline_store import ShardWriter, StoreInfo
 from transport.sample import StoreCodec
 
@@ -61,17 +61,18 @@ def token_samples(tokens: StageManifest) -> Iterator[dict]:
         yield from read_token_shard(storage.read_bytes(tokens.path(name)))
 
 
+def hidden_states_key(cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest) -> str:
+    """The stage key (`draftsmith.stage.stage_key`): config, target and the token shards."""
+    return stage_key(STAGE, [sys.modules[__name__]], cfg=cfg, target=target, tokens=tokens)
+
+
 def capture_hidden_states(
     cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest, *, out_uri: str
 ) -> StageManifest:
     """Write the store (`shard-NNNNN.safetensors`, `commits/`, `index.jsonl`, `dataset.json`) under `out_uri`."""
-    code = [sys.modules[__name__], hf, hidden_capture, offline_store, sample]
-    key = stage_key(STAGE, code, cfg=cfg, target=target, tokens=tokens)
+    key = hidden_states_key(cfg, target, tokens)
 
     def compute(uri: str) -> StageResult:
-        # A killed capture can leave a half-written `.index.jsonl.*.tmp`; this stage is the folder's one writer.
-        for folder in (uri, storage.join(uri, offline_store.COMMITS)):
-            runlock.remove_stale_temps(folder)
         writer = ShardWriter(uri, store_info(cfg, target, tokens), cfg.shard_samples)
         if writer.commits:
             log.info("hidden_states: resuming after %d committed samples", writer.committed_samples)
@@ -130,7 +131,7 @@ def finished_tokens(run_dir: str) -> StageManifest:
     return manifest
 
 
-@stage_task("hidden-states", STAGE)
+@stage_task("hidden-states", STAGE, key=hidden_states_key)
 def hidden_states_task(
     cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest, run_dir: str
 ) -> StageManifest:

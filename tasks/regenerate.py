@@ -32,7 +32,7 @@ from draftsmith.progress import Progress, stage_progress
 from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
 from draftsmith.target_setup import resolve_target
-from engines import base, factory
+from engines import factory
 from engines.base import ChatRequest, Completion, Message, SamplingParams, TargetEngine, template_hash
 from tasks.prompt_pool import PromptRecord
 from tasks.select_prompts import read_prompts
@@ -266,6 +266,12 @@ def _key_config(cfg: RegenerateConfig) -> str:
     return json.dumps(data, sort_keys=True)
 
 
+def regenerate_key(cfg: RegenerateConfig, target: TargetConfig, prompts: StageManifest, seed: int) -> str:
+    """The stage key (`draftsmith.stage.stage_key`): config (operational fields aside), target, prompts, seed."""
+    code = [sys.modules[__name__], factory.engine_module(cfg)]
+    return stage_key(STAGE, code, cfg=_key_config(cfg), target=target, prompts=prompts, seed=seed)
+
+
 def regenerate(
     cfg: RegenerateConfig,
     target: TargetConfig,
@@ -281,8 +287,7 @@ def regenerate(
         engine: An already started engine to use (and leave open); by default one is made from `cfg`
             and closed at the end.
     """
-    code = [sys.modules[__name__], base, factory, factory.engine_module(cfg)]
-    key = stage_key(STAGE, code, cfg=_key_config(cfg), target=target, prompts=prompts, seed=seed)
+    key = regenerate_key(cfg, target, prompts, seed)
 
     def compute(uri: str) -> StageResult:
         records = read_prompts(prompts, "train")
@@ -322,7 +327,7 @@ def read_conversations(manifest: StageManifest) -> list[dict]:
     return rows
 
 
-@stage_task("regenerate", STAGE)
+@stage_task("regenerate", STAGE, key=regenerate_key)
 def regenerate_task(
     cfg: RegenerateConfig, target: TargetConfig, prompts: StageManifest, seed: int, run_dir: str
 ) -> StageManifest:

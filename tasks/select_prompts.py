@@ -24,7 +24,7 @@ from draftsmith.manifest import StageManifest, file_entry
 from draftsmith.progress import Progress
 from draftsmith.rejects import REJECTED_FILE, Rejects
 from draftsmith.stage import StageResult, run_stage, stage_key
-from tasks import prompt_filters, prompt_formats, prompt_pool, prompt_sources
+from tasks import prompt_filters, prompt_formats, prompt_sources
 from tasks.prompt_pool import PromptRecord
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,24 @@ def _benchmark_texts(paths: list[str]) -> tuple[list[str], int]:
     return texts, unusable
 
 
+def select_prompts_key(
+    cfg: SelectConfig, target: TargetConfig, seed: int, answer_tokens: int = DEFAULT_ANSWER_TOKENS
+) -> str:
+    """The stage key (`draftsmith.stage.stage_key`): config, seed, the sources' and tokenizer's content,
+    and the context bound when `cfg.max_prompt_tokens` is unset."""
+    folder = _tokenizer_folder(target)
+    context = (_context_tokens(folder), answer_tokens) if cfg.max_prompt_tokens is None else None
+    return stage_key(
+        STAGE,
+        [sys.modules[__name__]],
+        cfg=cfg,
+        seed=seed,
+        sources=_fingerprints(cfg),
+        tokenizer=_tokenizer_fingerprint(folder),
+        context=context,
+    )
+
+
 def select_prompts(
     cfg: SelectConfig,
     target: TargetConfig,
@@ -119,18 +137,8 @@ def select_prompts(
     """
     sources = cfg.resolved_sources()
     folder = _tokenizer_folder(target)
-    fingerprints = _fingerprints(cfg)
-    modules = [sys.modules[__name__], prompt_pool, prompt_sources, prompt_formats, prompt_filters]
     context = (_context_tokens(folder), answer_tokens) if cfg.max_prompt_tokens is None else None
-    key = stage_key(
-        STAGE,
-        modules,
-        cfg=cfg,
-        seed=seed,
-        sources=fingerprints,
-        tokenizer=_tokenizer_fingerprint(folder),
-        context=context,
-    )
+    key = select_prompts_key(cfg, target, seed, answer_tokens)
 
     def compute(uri: str) -> StageResult:
         rejects = Rejects(STAGE)
@@ -287,7 +295,7 @@ def publish_report(manifest: StageManifest) -> None:
     create_markdown_artifact(markdown=markdown, key=ARTIFACT_KEY, description="Prompt selection: kept and dropped")
 
 
-@stage_task("select-prompts", STAGE)
+@stage_task("select-prompts", STAGE, key=select_prompts_key)
 def select_prompts_task(
     cfg: SelectConfig, target: TargetConfig, seed: int, run_dir: str, answer_tokens: int = DEFAULT_ANSWER_TOKENS
 ) -> StageManifest:

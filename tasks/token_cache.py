@@ -9,12 +9,9 @@ is the packed token shard plus a JSON summary (counts, rejects) written after it
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
-from collections.abc import Iterable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from draftsmith import storage
@@ -41,13 +38,6 @@ def tokenizer_sha256(folder: str | Path) -> str:
         path = Path(folder) / name
         if path.is_file():
             h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
-
-
-def code_sha256(modules: Iterable[ModuleType]) -> str:
-    h = hashlib.sha256()
-    for module in modules:
-        h.update(inspect.getsource(module).encode())
     return h.hexdigest()
 
 

@@ -21,6 +21,7 @@ import torch
 
 from draftsmith import storage, tensorio
 from draftsmith.caching import stage_task
+from draftsmith.codehash import code_digest
 from draftsmith.config import TargetConfig, TokenizeConfig
 from draftsmith.manifest import FileEntry, StageManifest, file_entry
 from draftsmith.progress import Progress, stage_progress
@@ -221,12 +222,19 @@ def _run_jobs(
     return files, totals, rejects
 
 
+def tokenize_key(cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest) -> str:
+    """The stage key (`draftsmith.stage.stage_key`): config, target, conversations, the tokenizer's files
+    and the extra sources' content."""
+    tok_sha = token_cache.tokenizer_sha256(str(resolve_target(target.source, tokenizer_only=True)))
+    extra = [_source_fingerprint(u) for u in cfg.extra_sources]
+    return stage_key(STAGE, _CODE, cfg=cfg, target=target, conversations=conversations, tokenizer=tok_sha, extra=extra)
+
+
 def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, *, out_uri: str) -> StageManifest:
     """Write one `tokens-NNNNN.safetensors` per input file and `rejected.jsonl`; counts by reason."""
     tok_path = str(resolve_target(target.source, tokenizer_only=True))
     tok_sha = token_cache.tokenizer_sha256(tok_path)
-    extra = [_source_fingerprint(u) for u in cfg.extra_sources]
-    key = stage_key(STAGE, _CODE, cfg=cfg, target=target, conversations=conversations, tokenizer=tok_sha, extra=extra)
+    key = tokenize_key(cfg, target, conversations)
 
     def compute(uri: str) -> StageResult:
         opts = Options.of(cfg, target.vocab_size, trust_remote_code=target.trust_remote_code)
@@ -259,7 +267,7 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
                 "tokenizer": tok_sha,
                 "template": template,
                 "options": vars(opts) | {"renderer": cfg.renderer},
-                "code": token_cache.code_sha256(_CODE),
+                "code": code_digest(_CODE),  # what the stage key hashes too
             },
             cfg.chunk_size,
         )
@@ -280,7 +288,7 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
     return run_stage(STAGE, out_uri, key, compute)
 
 
-@stage_task("tokenize", STAGE)
+@stage_task("tokenize", STAGE, key=tokenize_key)
 def tokenize_task(
     cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest, run_dir: str
 ) -> StageManifest:

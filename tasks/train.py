@@ -148,6 +148,24 @@ def launch(job: worker.TrainJob, cfg: TrainConfig, spec_path: str, log: logging.
     torchrun.run_torchrun(spec, log=log)
 
 
+def train_key(
+    cfg: TrainConfig,
+    drafter_cfg: DrafterConfig,
+    target: TargetConfig,
+    hidden_cfg: HiddenStatesConfig,
+    tokens: StageManifest,
+    hidden: StageManifest | None,
+    seed: int,
+    max_steps: int | None = None,
+) -> str:
+    """The stage key (`draftsmith.stage.stage_key`): the sections, the token shards, the store, seed and
+    `max_steps`; the code is this module, the trainer's and the drafter family's."""
+    family = families.family(drafter_cfg.kind)
+    code = [sys.modules[__name__], *CODE, hidden_stream, family, *family.code_modules()]
+    inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "hidden_cfg": hidden_cfg, "tokens": tokens}
+    return stage_key(STAGE, code, **inputs, hidden=hidden, seed=seed, max_steps=max_steps)
+
+
 def train(
     cfg: TrainConfig,
     drafter_cfg: DrafterConfig,
@@ -168,10 +186,7 @@ def train(
     """
     if (hidden is None) != (hidden_cfg.mode == "online"):
         raise ValueError(f"train: hidden_states.mode is {hidden_cfg.mode!r} but the store manifest is {hidden!r}")
-    family = families.family(drafter_cfg.kind)
-    code = [sys.modules[__name__], *CODE, hidden_stream, family, *family.code_modules()]
-    inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "hidden_cfg": hidden_cfg, "tokens": tokens}
-    key = stage_key(STAGE, code, **inputs, hidden=hidden, seed=seed, max_steps=max_steps)
+    key = train_key(cfg, drafter_cfg, target, hidden_cfg, tokens, hidden, seed, max_steps)
 
     def compute(uri: str) -> StageResult:
         counts_uri = storage.join(uri, "job", "counts.safetensors")
@@ -216,7 +231,7 @@ def _artifact(markdown: str, key: str) -> None:
         create_markdown_artifact(markdown, key=f"train-{key[:12]}", description="Drafter training metrics")
 
 
-@stage_task("train", STAGE)
+@stage_task("train", STAGE, key=train_key)
 def train_task(
     cfg: TrainConfig,
     drafter_cfg: DrafterConfig,

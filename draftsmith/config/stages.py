@@ -47,6 +47,14 @@ class StorageConfig(StrictModel):
         min_length=1,
         description="Local folder or fsspec URL under which `<recipe name>/` is created.",
     )
+    lock_lease_s: float = Field(
+        120.0,
+        ge=10.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="Lease of an object-store run folder's lock: renewed every third of it while a run holds the "
+        "folder; a killed run's lease is taken over once it has expired. Keep it well above clock skew.",
+    )
 
 
 class EvaluateConfig(StrictModel):

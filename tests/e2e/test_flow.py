@@ -8,8 +8,10 @@ from prefect.client.orchestration import get_client
 from prefect.testing.utilities import prefect_test_harness
 
 from draftsmith import storage
+from draftsmith.dispatch import UPSTREAM
 from flows.hidden_states import hidden_states_flow
 from flows.pipeline import kimi_k3
+from flows.stages import key_here
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 STAGES = ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]
@@ -77,6 +79,11 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     assert report is not None and report.type == "markdown"
     assert f"({manifests['select_prompts'].counts['train']} train, " in report.data, report.data
     _check_ui(first.state_details.flow_run_id, manifests, tiny_cfg)
+    # One key: what a dispatching flow computes is what each stage ran under.
+    for stage in STAGES:
+        inputs = {name: manifests[name] for name in UPSTREAM[stage]}
+        assert key_here(tiny_cfg, stage, inputs) == manifests[stage].key, stage
+        assert Path(run_dir, stage, ".stage-key").read_text() == manifests[stage].key, stage
 
     second = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
     assert second.is_completed()
@@ -86,8 +93,11 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     states = asyncio.run(_task_states(third.state_details.flow_run_id))
     assert set(states.values()) == {"Cached"}, states
 
-    # A stage whose artifacts vanished is recomputed, not replayed from the cache.
-    storage.remove_tree(storage.join(run_dir, "evaluate", "results.json"))
+    # A stage whose artifact changed (same size, one byte) is recomputed, not replayed from the cache.
+    results_path = Path(run_dir, "evaluate", "results.json")
+    data = bytearray(results_path.read_bytes())
+    data[data.index(b"{") + 1 : data.index(b"{") + 2] = b"\t"  # whitespace inside the object: still valid JSON
+    results_path.write_bytes(bytes(data))
     fourth = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
     states = asyncio.run(_task_states(fourth.state_details.flow_run_id))
     assert states["evaluate"] == "Completed" and states["train"] == "Cached", states

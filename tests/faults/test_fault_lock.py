@@ -14,6 +14,7 @@ import pytest
 
 import flows.pipeline
 from draftsmith import cli, runlock, storage
+from draftsmith.stage import StageResult, run_stage
 from tests.conftest import RECIPES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,11 +113,15 @@ def test_temp_file_of_a_killed_write_is_removed_on_resume(tmp_path):
     storage.write_bytes(str(stage / "shard-00000.safetensors"), b"kept")
     (stage / "notes.tmp").write_text("not ours: kept")
 
-    from tasks import hidden_states
+    (stage / "commits").mkdir()
+    nested = stage / "commits" / left[0]
+    nested.write_bytes(b"half")
 
-    with runlock.hold(str(tmp_path)):
-        removed = runlock.remove_stale_temps(str(stage))
-    assert removed == left
-    assert sorted(p.name for p in stage.iterdir()) == ["notes.tmp", "shard-00000.safetensors"]
-    # The capture stage runs this cleanup before it resumes its writer.
-    assert "remove_stale_temps" in Path(hidden_states.__file__).read_text()
+    def resume(uri: str) -> StageResult:
+        seen.extend(sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file()))
+        return StageResult(files=[])
+
+    seen: list[str] = []
+    with runlock.hold(str(tmp_path)):  # every stage clears them before it resumes its writer
+        run_stage("hidden_states", str(stage), "k", resume)
+    assert seen == [".stage-key", "notes.tmp", "shard-00000.safetensors"]

@@ -53,7 +53,12 @@ def test_resources_become_the_job_variables_the_pool_declares() -> None:
 
 def test_every_stage_runs_here_without_a_pool_or_on_its_own_pool(tiny_cfg, tmp_path, monkeypatch) -> None:
     ran, sent = [], []
-    monkeypatch.setattr(dispatch, "remote", lambda cfg, stage, run_dir, keys: sent.append((stage, keys)) or "remote")
+    monkeypatch.setattr(
+        dispatch, "remote", lambda cfg, stage, run_dir, keys, key: sent.append((stage, keys, key)) or "remote"
+    )
+
+    def key_of(cfg, stage, inputs):
+        return f"key-of-{stage}-" + ",".join(m.key for m in inputs.values() if m is not None)
 
     def here(cfg, stage, run_dir, inputs):
         ran.append((stage, sorted(inputs)))
@@ -63,22 +68,26 @@ def test_every_stage_runs_here_without_a_pool_or_on_its_own_pool(tiny_cfg, tmp_p
     for pool in (None, "local"):
         done: dict = {}
         for stage in dispatch.STAGES:
-            done[stage] = dispatch.run_stage(cfg, stage, str(tmp_path), done, here, pool)
+            done[stage] = dispatch.run_stage(cfg, stage, str(tmp_path), done, here, pool, key_of=key_of)
         assert [s for s, _ in ran] == (list(dispatch.STAGES) if pool is None else [
             "select_prompts", "tokenize", "hidden_states", "evaluate",
         ])  # fmt: skip
         ran.clear()
     # Dispatched with the keys of the inputs this run finished; evaluate got the remote train's manifest.
     assert sent == [
-        ("regenerate", {"select_prompts": "k-select_prompts"}),
-        ("train", {"tokenize": "k-tokenize", "hidden_states": "k-hidden_states"}),
+        ("regenerate", {"select_prompts": "k-select_prompts"}, "key-of-regenerate-k-select_prompts"),
+        (
+            "train",
+            {"tokenize": "k-tokenize", "hidden_states": "k-hidden_states"},
+            "key-of-train-k-tokenize,k-hidden_states",
+        ),
     ]
     assert done["train"] == "remote" and done["evaluate"].stage == "evaluate"
 
 
 def test_online_hidden_states_are_no_stage(tiny_cfg, tmp_path) -> None:
     cfg = tiny_cfg.model_copy(update={"hidden_states": tiny_cfg.hidden_states.model_copy(update={"mode": "online"})})
-    assert dispatch.run_stage(cfg, "hidden_states", str(tmp_path), {}, pytest.fail, None) is None
+    assert dispatch.run_stage(cfg, "hidden_states", str(tmp_path), {}, pytest.fail, None, key_of=pytest.fail) is None
     done = {"tokenize": StageManifest(stage="tokenize", key="t", uri="x"), "hidden_states": None}
     assert dispatch.upstream_keys("train", done) == {"tokenize": "t"}
 
@@ -112,7 +121,7 @@ def test_remote_names_the_field_and_the_flow_run_when_it_cannot_finish(tiny_cfg,
 
     monkeypatch.setattr(prefect.deployments, "run_deployment", missing)
     with pytest.raises(dispatch.DispatchError, match=r"regenerate.resources.work_pool is 'gb200'.* 'stage/gb200'"):
-        dispatch.remote(cfg, "regenerate", "runs/x", {"select_prompts": "k"})
+        dispatch.remote(cfg, "regenerate", "runs/x", {"select_prompts": "k"}, "c" * 64)
     [(name, kwargs)] = calls
     assert kwargs["parameters"]["run_dir"] == str(tmp_path.cwd() / "runs" / "x")  # absolute for the other worker
     assert (
@@ -127,39 +136,40 @@ def test_remote_names_the_field_and_the_flow_run_when_it_cannot_finish(tiny_cfg,
     with pytest.raises(
         dispatch.DispatchError, match="flow run clever-fox .* on pool gb200 ended Failed: CUDA out of memory"
     ):
-        dispatch.remote(cfg, "regenerate", str(tmp_path), {})
+        dispatch.remote(cfg, "regenerate", str(tmp_path), {}, "c" * 64)
     run.state = SimpleNamespace(is_completed=lambda: True, name="Completed", message=None)
     with pytest.raises(dispatch.DispatchError, match="completed, but .*/regenerate holds no finished manifest"):
-        dispatch.remote(cfg, "regenerate", str(tmp_path), {})
+        dispatch.remote(cfg, "regenerate", str(tmp_path), {}, "c" * 64)
+    _finished(tmp_path, "regenerate", "e" * 64)  # what workers running other code would leave
+    with pytest.raises(dispatch.DispatchError, match="finished with key eeeeeeeeeeee, but .* give cccccccccccc"):
+        dispatch.remote(cfg, "regenerate", str(tmp_path), {}, "c" * 64)
     done = _finished(tmp_path, "regenerate", "c" * 64)
-    assert dispatch.remote(cfg, "regenerate", str(tmp_path), {}) == done
+    assert dispatch.remote(cfg, "regenerate", str(tmp_path), {}, "c" * 64) == done
 
 
-def test_an_identical_request_is_answered_from_the_run_folder(tiny_cfg, tmp_path, monkeypatch) -> None:
-    """A rerun schedules no pod for a finished stage; other upstream keys, other code or a lost file do."""
+def test_a_current_stage_is_answered_from_the_run_folder(tiny_cfg, tmp_path, monkeypatch) -> None:
+    """A rerun schedules no pod for a finished stage; another key, a lost or changed file do."""
     cfg = _on(tiny_cfg, train="gb200-train")
     monkeypatch.setattr(dispatch, "_declared_variables", _declared)
     started = []
 
     def run(name, **kwargs):
         started.append(kwargs["parameters"]["expected"])
-        _finished(tmp_path, "train", "d" * 64)
+        _finished(tmp_path, "train", keys[-1])
         return SimpleNamespace(name="run", id="42", state=SimpleNamespace(is_completed=lambda: True))
 
     monkeypatch.setattr(prefect.deployments, "run_deployment", run)
-    first = dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t1"})
-    assert dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t1"}) == first and len(started) == 1
-    assert (tmp_path / ".dispatch" / "train.json").is_file()
-    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})  # the upstream changed
+    keys = ["d" * 64]
+    first = dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t1"}, keys[-1])
+    assert dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t1"}, keys[-1]) == first and len(started) == 1
+    keys.append("f" * 64)  # another recipe, upstream or code: another key
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"}, keys[-1])
+    assert started == [{"tokenize": "t1"}, {"tokenize": "t2"}]
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"}, keys[-1])
     assert len(started) == 2
-    monkeypatch.setattr(dispatch, "code_fingerprint", lambda: "other code")
-    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})
-    assert len(started) == 3
-    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})
+    (tmp_path / "train" / "rows.jsonl").write_bytes(b"[]\n")  # same size, other content
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"}, keys[-1])
     assert len(started) == 3
     (tmp_path / "train" / "rows.jsonl").unlink()
-    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"})
+    dispatch.remote(cfg, "train", str(tmp_path), {"tokenize": "t2"}, keys[-1])
     assert len(started) == 4
-    other = cfg.model_copy(update={"seed": 1})
-    dispatch.remote(other, "train", str(tmp_path), {"tokenize": "t2"})
-    assert len(started) == 5
