@@ -1,5 +1,6 @@
 """Fault scenarios shared by `benchmarks/faults.py` and `tests/faults`: a flaky OpenAI-compatible server
-driven through the regenerate stage, and a DCP checkpoint whose pickles would run code on resume.
+driven through the regenerate stage, a DCP checkpoint whose pickles would run code on resume, and the
+storage faults of `benchmarks/_fault_storage.py` (S3 server restarted mid-write, read-only bucket, full disk).
 
 Each scenario is a plain function returning a `FaultResult`, so the benchmark can repeat it and a test
 can assert on one run.
@@ -19,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from benchmarks._fault_storage import disk_full, read_only_bucket, s3_restart
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "deployments" / "recipes" / "tiny-cpu.yaml"
@@ -273,4 +276,10 @@ def checkpoint_pickle(workdir: str | Path | None = None) -> FaultResult:
         )
 
 
-SCENARIOS = {"flaky-endpoint": flaky_endpoint, "checkpoint-pickle": checkpoint_pickle}
+SCENARIOS = {
+    "flaky-endpoint": flaky_endpoint,
+    "checkpoint-pickle": checkpoint_pickle,
+    "s3-restart": s3_restart,
+    "read-only-bucket": read_only_bucket,
+    "disk-full": disk_full,
+}
