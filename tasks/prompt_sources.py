@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import random
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,24 +46,19 @@ def read_prompts_jsonl(path: str) -> list[PromptRecord]:
     base = os.path.basename(path.rstrip("/"))
     records: list[PromptRecord] = []
     id_lines: dict[str, int] = {}
-    with fsspec.open(path, "rt", encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            record = _parse_line(line, where, default_id=f"{base}-{line_no}")
-            if record.id in id_lines:
-                raise ValueError(f"{where}: duplicate id {record.id!r} (first on line {id_lines[record.id]})")
-            id_lines[record.id] = line_no
-            records.append(record)
+    for line_no, row in jsonl_rows(path):
+        where = f"{path}:{line_no}"
+        record = _parse_row(row, where, default_id=f"{base}-{line_no}")
+        if record.id in id_lines:
+            raise ValueError(f"{where}: duplicate id {_shown(record.id)} (first on line {id_lines[record.id]})")
+        id_lines[record.id] = line_no
+        records.append(record)
     return records
 
 
-def _parse_line(line: str, where: str, *, default_id: str) -> PromptRecord:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: invalid JSON: {exc.msg} at column {exc.colno}") from None
+def _parse_row(row: Any, where: str, *, default_id: str) -> PromptRecord:
+    if isinstance(row, _Bad):
+        raise ValueError(f"{where}: {row.detail}")
     if not isinstance(row, dict):
         raise ValueError(f"{where}: row must be a JSON object, got {type(row).__name__}")
     try:
@@ -74,7 +70,9 @@ def _parse_line(line: str, where: str, *, default_id: str) -> PromptRecord:
         first = exc.errors()[0]
         raise ValueError(f"{where}: field {'.'.join(map(str, first['loc']))!r}: {first['msg']}") from None
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise ValueError(f"{where}: {_short(str(exc))}") from None
+    except RecursionError:  # repr() of a field nested too deeply
+        raise ValueError(f"{where}: the row's fields are nested too deeply") from None
 
 
 def _optional_str(row: dict[str, Any], key: str) -> str | None:
@@ -276,7 +274,7 @@ def load_sources(
                     line=line,
                     row_id=record.id,
                     reason="duplicate_id",
-                    detail=f"id {record.id!r} already used ({seen_ids[record.id]})",
+                    detail=f"id {_shown(record.id)} already used ({seen_ids[record.id]})",
                 )
                 continue
             seen_ids[record.id] = f"{where}:{line}"
@@ -293,6 +291,9 @@ def _synthetic_mix(mix: dict[str, float] | None) -> dict[str, float] | None:
     return own if any(w > 0 for w in own.values()) else None
 
 
+_DETAIL_CHARS = 300  # a reason is one short line; the row itself is in the excerpt
+
+
 def _record(row: Any, src: PromptSource, line: int, where: str, rejects: Rejects) -> PromptRecord | None:
     if isinstance(row, _Bad):
         rejects.add(source=where, line=line, reason=row.reason, detail=row.detail, raw=row.raw)
@@ -300,10 +301,31 @@ def _record(row: Any, src: PromptSource, line: int, where: str, rejects: Rejects
     try:
         return normalize_row(row, default_id=f"{src.label()}-{line}", default_category=src.category)
     except RowError as exc:
-        row_id = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
-        raw = json.dumps(row, ensure_ascii=False, default=str) if isinstance(row, dict | list) else row
-        rejects.add(source=where, line=line, row_id=row_id, reason=exc.reason, detail=exc.detail, raw=raw)
-        return None
+        reason, detail = exc.reason, exc.detail
+    except RecursionError:  # a field nested too deeply for the reasons' repr()
+        reason, detail = "malformed_row", "the row's fields are nested too deeply"
+    row_id = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
+    rejects.add(source=where, line=line, row_id=row_id, reason=reason, detail=_short(detail), raw=_excerpt(row))
+    return None
+
+
+def _short(detail: str) -> str:
+    return detail if len(detail) <= _DETAIL_CHARS else f"{detail[: _DETAIL_CHARS - 3]}..."
+
+
+def _shown(value: str) -> str:
+    """`repr(value)`, cut to about 60 characters: a long id must not crowd out the rest of a reason."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _excerpt(row: Any) -> Any:
+    if not isinstance(row, dict | list):
+        return row
+    try:
+        return json.dumps(row, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        return "(the row is nested too deeply to show)"
 
 
 def _rows(src: PromptSource) -> Iterator[tuple[int, Any]]:
@@ -330,10 +352,36 @@ def jsonl_rows(path: str) -> Iterator[tuple[int, Any]]:
             except UnicodeDecodeError as exc:
                 yield line_no, _Bad("invalid_utf8", f"invalid UTF-8 at byte {exc.start}: {exc.reason}", repr(raw))
                 continue
-            try:
-                yield line_no, json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield line_no, _Bad("malformed_json", f"invalid JSON: {exc.msg} at column {exc.colno}", text)
+            yield line_no, _parse_json(text)
+
+
+# A `\uD800`-`\uDFFF` escape; json.loads turns an unpaired one into a lone surrogate, which no UTF-8 file or
+# tokenizer accepts: such a row would pass here and fail a whole later step (the token count, train.jsonl).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return _Bad("malformed_json", f"invalid JSON: {exc.msg} at column {exc.colno}", text)
+    except RecursionError:
+        return _Bad("malformed_json", "invalid JSON: nested too deeply", text)
+    except ValueError as exc:  # an integer of more digits than Python converts
+        return _Bad("malformed_json", f"invalid JSON: {str(exc).split(';')[0]}", text)
+    if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(row):
+        return _Bad("invalid_utf8", "a \\u escape encodes a lone UTF-16 surrogate, which is not text", text)
+    return row
+
+
+def _lone_surrogate(row: Any) -> bool:
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, RecursionError):
+        return False  # not a text problem; normalisation rejects the row for what it is
+    return False
 
 
 def parquet_rows(path: str) -> Iterator[tuple[int, Any]]:

@@ -312,10 +312,14 @@ def spans_many(renderer: Renderer, convs: Sequence[Conversation], *, last_turn_o
         text = full[c]
         through = throughs.get((c, i), text)
         if not (through.startswith(prefix) and text.startswith(through)):
-            raise PrefixUnstableError(
-                f"chat template is not prefix-stable at message {i}: render boundaries cannot place the "
-                "loss mask; use a renderer for this template (tokenize.renderer)"
+            why = (
+                "the conversation opens with an assistant turn, and the template renders something before it "
+                "(a default system prompt?) that it leaves out of an empty conversation's generation prompt"
+                if i == 0
+                else "render boundaries cannot place the loss mask; use a renderer for this template "
+                "(tokenize.renderer)"
             )
+            raise PrefixUnstableError(f"chat template is not prefix-stable at message {i}: {why}")
         out[c][1].append((len(prefix), len(through)))
     return out
 
@@ -360,6 +364,10 @@ class SpanProbe:
     def locate(self, messages: Sequence[dict], text: str) -> Spans | None:
         """Spans of every assistant turn in `text`, or None when the search cannot be proven unambiguous."""
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if turns[:1] == [0]:
+            # Only renders can tell where an opening assistant turn starts: a template may put a preamble (a
+            # default system prompt) before the first message that the empty conversation's render lacks.
+            return None
         if text.count(self.gen) != len(turns):
             return None  # message text contains the generation prompt: only renders can place the spans
         spans: Spans = []

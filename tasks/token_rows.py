@@ -7,6 +7,7 @@ lands in `rejected.jsonl` instead of failing a 150K-row stage.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,13 +89,23 @@ def parse_line(raw: bytes, *, fallback_id: str, thinking: bool, vocab_size: int)
     return ConversationRow(row_id, category, clean, tools or None)
 
 
+# A reason is one short line: a field's value is shown cut (reprlib stops at a depth, where repr() would
+# recurse through a row nested 1000 deep, which orjson accepts, and raise).
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+
+
+def _shown(value: Any) -> str:
+    return _REPR.repr(value)
+
+
 def _identity(obj: dict, fallback_id: str) -> tuple[str, str] | Rejected:
     row_id = obj.get("id", fallback_id)
     if not isinstance(row_id, str) or not row_id:
-        return Rejected("bad_field", f"id: must be a non-empty string, got {row_id!r}")
+        return Rejected("bad_field", f"id: must be a non-empty string, got {_shown(row_id)}")
     category = obj.get("category", "unknown")
     if not isinstance(category, str):
-        return Rejected("bad_field", f"category: must be a string, got {category!r}", row_id)
+        return Rejected("bad_field", f"category: must be a string, got {_shown(category)}", row_id)
     return row_id, category
 
 
@@ -106,7 +117,7 @@ def _message(msg: Any, i: int, thinking: bool) -> dict | Rejected:
     if role is None:
         return Rejected("missing_role", f"{where}: has no role")
     if role not in ROLES:
-        return Rejected("unknown_role", f"{where}.role: {role!r} is not one of {list(ROLES)}")
+        return Rejected("unknown_role", f"{where}.role: {_shown(role)} is not one of {list(ROLES)}")
     calls = msg.get("tool_calls") or None
     if calls is not None and (role != "assistant" or not _valid_calls(calls)):
         return Rejected("bad_field", f"{where}.tool_calls: must be assistant calls with function name and arguments")

@@ -1,6 +1,7 @@
 """YAML recipe loading with one-line errors that name the file and the dotted field."""
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +20,34 @@ class RecipeError(ValueError):
 _UNION_TAGS = {("drafter", "eagle3"), ("drafter", "dflash2"), ("drafter", "dspark")}
 
 
+# A key of these characters reads as itself in a dotted path; any other key is quoted, so that a key holding a
+# newline, a dot or a control character keeps the error on one line and the path unambiguous.
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key(part: Any) -> str:
+    if part == "[key]":  # pydantic's marker of a mapping key (rather than its value) in a location
+        return part
+    return part if isinstance(part, str) and _PLAIN_KEY.fullmatch(part) else f"[{part!r}]"
+
+
 def _dotted(loc: tuple[Any, ...]) -> str:
     out = ""
     for i, part in enumerate(loc):
-        if i and (loc[i - 1], part) in _UNION_TAGS:
-            continue
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
+        if not (i and (loc[i - 1], part) in _UNION_TAGS):
+            out = _join(out, part)
     return out
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut to about 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped: one problem, one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _format(err: ValidationError, origin: str) -> str:
@@ -38,22 +57,37 @@ def _format(err: ValidationError, origin: str) -> str:
         where = _dotted(tuple(e["loc"]))
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
-        lines.append(f"{origin}: {where}: {msg}" if where else f"{origin}: {msg}")
+        lines.append(_one_line(f"{origin}: {where}: {msg}" if where else f"{origin}: {msg}"))
     return "\n".join(lines)
 
 
 def _check_files(cfg: PipelineConfig, origin: str) -> None:
     """Local files named by a recipe must exist now, not halfway through a run."""
-    checks = [("select.path", cfg.select.path)]
+    checks = [("select.path", cfg.select.path, "")]
     for i, src in enumerate(cfg.select.sources or []):
         if src.kind != "hf":  # a dataset name, not a path
-            checks.append((f"select.sources[{i}].path", src.path))
-    checks += [(f"select.benchmark_files[{i}]", f) for i, f in enumerate(cfg.select.benchmark_files)]
+            checks.append((f"select.sources[{i}].path", src.path, ""))
+    checks += [(f"select.benchmark_files[{i}]", f, "") for i, f in enumerate(cfg.select.benchmark_files)]
     if not cfg.target.source.startswith("embedded:") and cfg.regenerate.engine == "hf":
-        checks.append(("target.source", cfg.target.source))
-    for field, value in checks:
-        if value and "://" not in value and not Path(value).expanduser().exists():
-            raise RecipeError(f"{origin}: {field}: file or folder {value!r} does not exist")
+        # Said, since the engine may be the default: a served model's name is fine for the other engines.
+        checks.append(("target.source", cfg.target.source, " (regenerate.engine 'hf' loads it from this machine)"))
+    for field, value, why in checks:
+        if value and "://" not in value:
+            problem = _path_problem(value)
+            if problem:
+                raise RecipeError(f"{origin}: {field}: {problem}{why}")
+
+
+def _path_problem(value: str) -> str | None:
+    """Why the local path `value` cannot be used, or None when it exists."""
+    try:
+        if Path(value).expanduser().exists():
+            return None
+    except RuntimeError:  # `~user/...` for a user this machine does not know
+        return f"cannot expand {_shown(value)}: no such user's home folder"
+    except (OSError, ValueError) as err:  # a name too long for the file system, a NUL byte
+        return f"cannot use {_shown(value)} as a path: {getattr(err, 'strerror', None) or err}"
+    return f"file or folder {value!r} does not exist"
 
 
 _SHAPE_KEYS = (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"), ("vocab_size", "vocab_size"))
@@ -63,17 +97,19 @@ def _local_model_config(source: str) -> dict[str, Any] | None:
     """The target's config.json when its folder is on this machine; None for a served or unbuilt model."""
     from draftsmith.target_setup import EMBEDDED_PREFIX, embedded_folder
 
-    if source.startswith(EMBEDDED_PREFIX):
-        folder = embedded_folder(source)
-        path = folder / "config.json" if folder else None
-    else:
-        path = None if "://" in source else Path(source).expanduser() / "config.json"
-    if path is None or not path.is_file():
-        return None
     try:
+        if source.startswith(EMBEDDED_PREFIX):
+            folder = embedded_folder(source)
+        else:
+            folder = None if "://" in source else Path(source).expanduser()
+        path = folder / "config.json" if folder else None
+        if path is None or not path.is_file():
+            return None
         config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # a broken folder is the loader's to report, with its own error
+    except (OSError, ValueError, RuntimeError, RecursionError):
+        # No folder this machine can read (a served model's name, a broken folder): the engine says so when it
+        # loads the model, with its own error.
+        return None
     return config if isinstance(config, dict) else None
 
 
@@ -95,6 +131,8 @@ def _check_target_shape(cfg: PipelineConfig, origin: str) -> None:
 
 def parse_recipe(data: Any, origin: str = "<recipe>") -> PipelineConfig:
     """Validate an already-parsed recipe mapping."""
+    if data is None:
+        raise RecipeError(f"{origin}: the recipe is empty (no YAML mapping in the file)")
     if not isinstance(data, dict):
         raise RecipeError(f"{origin}: a recipe must be a YAML mapping, got {type(data).__name__}")
     try:
@@ -106,36 +144,85 @@ def parse_recipe(data: Any, origin: str = "<recipe>") -> PipelineConfig:
     return cfg
 
 
-class _DuplicateKeyError(yaml.YAMLError):
-    """A mapping names one key twice; the message is `dotted.key: duplicate key on line N (first on line M)`."""
+class _TreeError(yaml.YAMLError):
+    """A mapping names one key twice, the document nests past `_MAX_DEPTH` or aliases expand it past
+    `_MAX_VALUES`; the message starts with the dotted path."""
+
+
+# A recipe holds a few hundred values. Aliases of aliases ("billion laughs") expand a short file into billions,
+# which validation would pass (`extra_body` takes any mapping) and every later dump or hash would walk.
+_MAX_VALUES = 100_000
+# A recipe nests five levels or so. Deeper documents are refused at a fixed depth rather than wherever the
+# caller's stack runs out (PyYAML composes recursively), so a recipe's validity does not depend on its caller.
+_MAX_DEPTH = 64
 
 
 class _RecipeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error, not "last one wins"."""
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error, not "last one wins",
+    aliases cannot expand the document past `_MAX_VALUES` values, and a scalar that cannot be read (an
+    integer of 5000 digits, a date with month 13) is a YAML error with its line, not a bare ValueError."""
 
     def construct_document(self, node: yaml.Node) -> Any:
         # Checked on the node tree before construction, where the dotted path and the lines are known.
-        _check_duplicates(node, "")
+        _check_tree(node, "", {})
         return super().construct_document(node)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as err:
+            # The first clause only: Python's advice on its integer digit limit is not the recipe author's to take.
+            reason = str(err).split(";")[0]
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {_shown(node.value)} ({node.tag}): {reason}", node.start_mark
+            ) from None
 
-def _check_duplicates(node: yaml.Node, path: str) -> None:
+
+def _join(path: str, part: Any) -> str:
+    if isinstance(part, int) and not isinstance(part, bool):
+        return f"{path}[{part}]"
+    key = _key(part)
+    return key if not path else f"{path}{key}" if key.startswith("[") else f"{path}.{key}"
+
+
+def _check_tree(node: yaml.Node, path: str, sizes: dict[int, int], depth: int = 0) -> int:
+    """The number of values `node` expands to; raises `_TreeError` on a duplicate key, too many values or
+    too deep a nesting.
+
+    `sizes` holds each node already counted, so an alias costs one lookup, not another walk, and a node in
+    progress counts as too many, so an alias to itself stops the walk.
+    """
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if depth > _MAX_DEPTH:
+        raise _TreeError(f"{path}: collections nested too deeply for a recipe (more than {_MAX_DEPTH} levels)")
+    sizes[id(node)] = _MAX_VALUES + 1
+    size = 1
     if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _check_duplicates(item, f"{path}[{i}]")
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: dict[tuple[str, str], int] = {}
-    for key, value in node.value:
-        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-            continue  # `<<: *anchor` keys may be overridden by the mapping's own; complex keys are not recipe keys
-        dotted = f"{path}.{key.value}" if path else key.value
-        line = key.start_mark.line + 1
-        if (key.tag, key.value) in seen:
-            first = seen[(key.tag, key.value)]
-            raise _DuplicateKeyError(f"{dotted}: duplicate key on line {line} (first on line {first})")
-        seen[(key.tag, key.value)] = line
-        _check_duplicates(value, dotted)
+        size += sum(_check_tree(item, _join(path, i), sizes, depth + 1) for i, item in enumerate(node.value))
+    elif isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            # `<<: *anchor` keys may be overridden by the mapping's own; complex keys are not recipe keys.
+            plain = isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge"
+            dotted = _join(path, key.value) if plain else path
+            if plain and (key.tag, key.value) in seen:
+                line, first = key.start_mark.line + 1, seen[(key.tag, key.value)]
+                raise _TreeError(f"{dotted}: duplicate key on line {line} (first on line {first})")
+            if plain:
+                seen[(key.tag, key.value)] = key.start_mark.line + 1
+            size += _check_tree(key, dotted, sizes, depth + 1) + _check_tree(value, dotted, sizes, depth + 1)
+    if size > _MAX_VALUES:
+        raise _TreeError(f"{path or 'the document'}: YAML aliases expand it to more than {_MAX_VALUES} values")
+    sizes[id(node)] = size
+    return size
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's problem and where it is, on one line (its own message spreads over several)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return problem + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else "")
 
 
 def _read_yaml(origin: str) -> Any:
@@ -155,10 +242,12 @@ def _read_yaml(origin: str) -> Any:
         raise RecipeError(f"{origin}: not UTF-8 text: byte 0x{raw[err.start]:02x} on line {line}") from None
     try:
         return yaml.load(text, Loader=_RecipeLoader)  # a SafeLoader: no Python objects from the file
-    except _DuplicateKeyError as err:
-        raise RecipeError(f"{origin}: {err}") from None
+    except _TreeError as err:
+        raise RecipeError(_one_line(f"{origin}: {err}")) from None
     except yaml.YAMLError as err:
-        raise RecipeError(f"{origin}: not valid YAML: {str(err).splitlines()[0]}") from None
+        raise RecipeError(_one_line(f"{origin}: not valid YAML: {_yaml_problem(err)}")) from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise RecipeError(f"{origin}: not valid YAML: collections nested too deeply for a recipe") from None
 
 
 def _apply_override(data: dict, dotted: str, value: Any, origin: str) -> None:

@@ -17,7 +17,7 @@ from draftsmith.config.stages import (
 from draftsmith.config.tokenize import TokenizeConfig
 from draftsmith.config.train import TrainConfig
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
 class PipelineConfig(StrictModel):
@@ -38,7 +38,7 @@ class PipelineConfig(StrictModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> "PipelineConfig":
         # Messages carry the dotted path themselves: a model-level error has no location of its own.
-        if not _NAME.match(self.name):
+        if not _NAME.fullmatch(self.name):  # `match` with `$` lets a trailing newline through
             raise ValueError(f"name: {self.name!r} must be lowercase letters, digits, '.', '_' or '-'")
         layers = self.target.num_layers
         for i, tap in enumerate(self.hidden_states.taps):
