@@ -163,7 +163,9 @@ def encode_conversations(
     return out
 
 
-def _fit(tok: PreTrainedTokenizerBase, renderer: Renderer, row: ConversationRow, enc: Encoded, opts: Options):
+def _fit(
+    tok: PreTrainedTokenizerBase, renderer: Renderer, row: ConversationRow, enc: Encoded, opts: Options
+) -> Encoded | Rejected | str:
     if len(enc.input_ids) <= opts.max_length:
         return enc
     if opts.truncation == "truncate":
@@ -176,7 +178,10 @@ def _fit(tok: PreTrainedTokenizerBase, renderer: Renderer, row: ConversationRow,
         if len(users) < 2:
             return "too_long"
         messages = messages[: users[0]] + messages[users[1] :]
-        [(text, spans)] = spans_many(renderer, [(messages, row.tools)], last_turn_only=opts.last_turn_only)
+        try:
+            [(text, spans)] = spans_many(renderer, [(messages, row.tools)], last_turn_only=opts.last_turn_only)
+        except Exception as e:  # noqa: BLE001 - a template may refuse the shortened conversation: this row only
+            return Rejected("render_failed", f"keeping the last turns: {type(e).__name__}: {e}"[:500])
         b = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         if len(b["input_ids"]) <= opts.max_length:
             e = _mask(b["input_ids"], b["offset_mapping"], spans)

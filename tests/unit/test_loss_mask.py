@@ -147,3 +147,33 @@ def test_pretokenized_rows_pass_through_unchanged():
     assert np.frombuffer(ok[3], np.int32).tolist() == [5, 6, 7] and np.frombuffer(ok[4], np.uint8).tolist() == [0, 1, 1]
     cut = process("s", [(1, _line({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 1, 1, 1]}))])[0]
     assert cut[1] == "s:1" and np.frombuffer(cut[3], np.int32).tolist() == [5, 6, 7] and cut[5] is True
+
+
+def test_a_template_refusing_the_shortened_conversation_rejects_that_row_only(tok):
+    from tasks.renderers import as_renderer
+    from tasks.token_encode import ConversationRow, Options, encode_conversations
+    from tasks.token_rows import Rejected
+
+    class RefusesShortened:
+        """The tokenizer's template, raising (as a strict template may) once the first exchange is cut."""
+
+        name = "strict"
+
+        def __init__(self) -> None:
+            self.inner = as_renderer(tok)
+
+        def render_many(self, convs, *, add_generation_prompt):
+            if any(m["content"] == "And doubled?" and len(msgs) < 4 for msgs, _ in convs for m in msgs):
+                raise ValueError("conversation must start with the first exchange")
+            return self.inner.render_many(convs, add_generation_prompt=add_generation_prompt)
+
+        def template_sha256(self):
+            return self.inner.template_sha256()
+
+    full = encode(tok, CONVERSATION, max_length=4096, last_turn_only=False)
+    rows = [ConversationRow("long", "x", CONVERSATION, None), ConversationRow("short", "x", CONVERSATION[:3], None)]
+    opts = Options(len(full.input_ids) - 5, "keep_last_turns", False, 0)
+    long_row, short_row = encode_conversations(tok, RefusesShortened(), rows, opts)
+    assert isinstance(long_row, Rejected) and long_row.reason == "render_failed", long_row
+    assert "keeping the last turns: ValueError: conversation must start" in long_row.detail
+    assert not isinstance(short_row, Rejected | str) and not short_row.truncated
