@@ -7,7 +7,9 @@ as `python -m tasks.hidden_stream --spec FILE` (the training stage starts it so 
 
 `OnlineSource` is the trainer's side: it starts a Mooncake master when the recipe names none, opens the
 stream (the trainer lends the store its memory, so `segment_mb` bounds what is in flight), starts local
-producers, and on failure names each producer's exit code and log tail.
+producers, and on failure names each producer's exit code and log tail. A dead Mooncake master fails the
+stream with one `MasterLost` naming it and the samples lost; the producers' logs would only repeat that.
+Local producers and the master die with the process that started them, even when it is SIGKILLed.
 """
 
 import argparse
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from prefect import task
 
-from draftsmith import ui
+from draftsmith import procs, ui
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.manifest import StageManifest
 from draftsmith.pools import gpu_slots
@@ -30,7 +32,7 @@ from draftsmith.progress import Progress, prefect_sink
 from engines import hidden_capture
 from tasks.hidden_states import codec_of, token_samples, window_tokens
 from transport.mooncake_store import MooncakeMaster, MooncakeSettings, stop_process
-from transport.mooncake_stream import MooncakeProducer, MooncakeStream, StreamError
+from transport.mooncake_stream import MasterLost, MooncakeProducer, MooncakeStream, StreamError
 from transport.sample import HiddenSample
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,7 @@ class OnlineSource:
         self.master: MooncakeMaster | None = None
         self.stream: MooncakeStream | None = None
         self.procs: list[tuple[subprocess.Popen, Path]] = []
+        self.master_lost = False
 
     def __enter__(self) -> "OnlineSource":
         o = self.cfg.online
@@ -115,6 +118,7 @@ class OnlineSource:
                 codec_of(self.cfg),
                 num_producers=o.num_producers,
                 peer_timeout_s=o.peer_timeout_s,
+                master_timeout_s=o.master_timeout_s,
             )
             if o.producers == "local":
                 for index in range(o.num_producers):
@@ -141,7 +145,12 @@ class OnlineSource:
         spec_path.write_text(json.dumps(asdict(spec)))
         with open(log_path, "wb") as fh:
             cmd = [sys.executable, "-m", "tasks.hidden_stream", "--spec", str(spec_path)]
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # An orphaned producer would hold its engine (a GPU) until it next talks to the queue; the thread
+            # that starts it also stops it in __exit__, so it may arm the death signal.
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                **procs.popen_kwargs(caller_waits=True),
+            )  # fmt: skip
         log.info("online: producer %d started (pid %d, log %s)", index, proc.pid, log_path)
         return proc, log_path
 
@@ -150,6 +159,9 @@ class OnlineSource:
         assert self.stream is not None
         try:
             yield from self.stream
+        except MasterLost:
+            self.master_lost = True
+            raise
         except StreamError as e:
             raise StreamError(f"{e}{self._producer_report()}") from e
         for proc, _ in self.procs:
@@ -171,7 +183,9 @@ class OnlineSource:
         for proc, _ in self.procs:
             stop_process(proc)
         if self.stream is not None:
-            self.stream.close()  # its store client closes before the master stops
+            # Its store client closes before the master stops; a dead master's is left to the rank's exit,
+            # which skips finalizing (drafters.training.worker) rather than wait out Mooncake's retries.
+            self.stream.close(disconnect=not self.master_lost)
         if self.master is not None:
             self.master.stop()
 

@@ -2,9 +2,10 @@
 
 `MooncakeMaster` starts `mooncake_master` with its embedded HTTP metadata server on loopback ports that
 are free at start time, waits until both the RPC and the metadata ports accept connections, and stops it
-by PID (SIGTERM, then SIGKILL) on exit. `MooncakeSettings` is everything a client needs to join the store,
-as plain JSON-serialisable fields (`dataclasses.asdict`), so a producer started in another process or host
-is configured from one JSON object. `connect(settings)` returns a set-up `MooncakeDistributedStore`.
+by PID (SIGTERM, then SIGKILL) on exit; it dies with the process that started it, even a SIGKILLed one.
+`MooncakeSettings` is everything a client needs to join the store, as plain JSON-serialisable fields
+(`dataclasses.asdict`), so a producer started in another process or host is configured from one JSON
+object. `connect(settings)` returns a set-up `MooncakeDistributedStore`.
 """
 
 import dataclasses
@@ -17,6 +18,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from draftsmith import procs
 
 # Mooncake error codes seen on this version (mooncake-store/include/types.h).
 NO_AVAILABLE_HANDLE = -200  # the global segments are full: back-pressure, retry later
@@ -88,6 +91,31 @@ def wait_listening(host: str, port: int, timeout_s: float, proc: subprocess.Pope
         time.sleep(0.05)
 
 
+def master_answers(master_addr: str, timeout_s: float = 2.0, settle_s: float = 0.0) -> str | None:
+    """None if `master_addr` ("host:port") accepts TCP connections now and for `settle_s` more, else why not.
+
+    Mooncake's own calls against a dead master fail with rc -900 (RPC failed) and do not say where the
+    master is; this probe tells "the master is gone" apart from a failure of one key. After a call failed,
+    give it a `settle_s`: a SIGKILLed process drops its connections first and still accepts new ones until
+    the kernel has closed its listening socket.
+    """
+    host, _, port = master_addr.rpartition(":")
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                pass
+        except ValueError:
+            return f"{master_addr!r} is not host:port"
+        except TimeoutError:
+            return f"no answer within {timeout_s:g} s"
+        except OSError as e:
+            return e.strerror.lower() if e.strerror else str(e)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+
+
 def stop_process(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """SIGTERM `proc` by PID, then SIGKILL if it has not exited within `grace_s`."""
     if proc.poll() is not None:
@@ -155,7 +183,10 @@ class MooncakeMaster:
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # An orphaned master would keep its ports and the pool's metadata forever: it dies with us.
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **procs.popen_kwargs()
+            )
         try:
             wait_listening(self.host, self.rpc_port, self.start_timeout_s, self.proc)
             wait_listening(self.host, self.metadata_port, self.start_timeout_s, self.proc)

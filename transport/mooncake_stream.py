@@ -17,6 +17,11 @@ hangs, when a producer's connection drops without end-of-stream, when a producer
 included) for `peer_timeout_s`, when fewer than `num_producers` connect within `connect_timeout_s`, on a
 duplicate or missing (producer, seq), and when a key cannot be read.
 
+The master holds every key's location: when it dies, the samples announced and not yet read go with it. Both
+ends then raise `MasterLost` naming its address and what was lost, not a key's bare rc: at once when a call
+fails (or a producer drops out) while it refuses connections, else once the consumer's probe has found it
+refusing for `master_timeout_s`.
+
 Memory: whoever lends `global_segment_bytes` holds the data. Producers should lend 0 and the consumer (or a
 `mooncake_client` memory holder) lend the pool, so a sample announced before a producer dies is still
 readable. Shape legend: see `transport.sample`.
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from transport.meta_queue import Event, MetaQueueClient, MetaQueueServer, QueueClosed, parse_addr
-from transport.mooncake_store import NO_AVAILABLE_HANDLE, MooncakeSettings, connect
+from transport.mooncake_store import NO_AVAILABLE_HANDLE, MooncakeSettings, connect, master_answers
 from transport.sample import HiddenSample, StoreCodec, decode, encode
 
 ALIGN = 64  # byte alignment of each tensor inside a staging buffer, so every dtype view is aligned
@@ -48,6 +53,13 @@ DTYPES = {
 
 class StreamError(RuntimeError):
     """The stream cannot continue: a producer died or went silent, a record repeated, or data is missing."""
+
+
+class MasterLost(StreamError):
+    """The Mooncake master stopped answering: the samples announced and not yet read were lost with it."""
+
+
+MASTER_PROBE_S, SETTLE_S = 1.0, 1.0  # probe period; how long after a failed call the master must keep answering
 
 
 def _aligned(n: int) -> int:
@@ -107,6 +119,7 @@ class MooncakeProducer:
         from mooncake.store import ReplicateConfig
 
         self.codec, self.run_id, self.full_timeout_s = codec, run_id, full_timeout_s
+        self.master_addr = settings.master_addr
         self.producer_id = producer_id or f"{socket.gethostname()}-{os.getpid()}"
         self.seq = 0
         self.full_waits, self.full_wait_s = 0, 0.0
@@ -189,6 +202,12 @@ class MooncakeProducer:
             hard = [(p, rc) for p, rc in failed if rc != NO_AVAILABLE_HANDLE]
             if hard or (failed and time.monotonic() > deadline):
                 (key, _, nbytes), rc = (hard or failed)[0]
+                if hard and (down := master_answers(self.master_addr, settle_s=SETTLE_S)) is not None:
+                    raise MasterLost(
+                        f"producer {self.producer_id}: the Mooncake master at {self.master_addr} stopped answering "
+                        f"({down}; put of {key} returned rc={rc}): sample {sid} (seq {self.seq}) and the rest "
+                        "of this producer's share were not streamed"
+                    )
                 self.store.batch_remove([p[0] for p in done], True)
                 why = f"rc={rc}" if hard else f"store still full (rc={rc}) after {self.full_timeout_s:.0f} s"
                 raise StreamError(f"producer {self.producer_id}: put of {key} ({nbytes} bytes, sample {sid}): {why}")
@@ -240,6 +259,7 @@ class MooncakeStream:
     """Yields the `HiddenSample`s that `num_producers` producers send to this consumer's queue.
 
     `address` ("host:port") is what producers connect to. Use once, as a context manager or with `close()`.
+    With `master_timeout_s` None the master is probed only when a call or a producer fails.
     """
 
     def __init__(
@@ -251,12 +271,16 @@ class MooncakeStream:
         num_producers: int = 1,
         peer_timeout_s: float = 30.0,
         connect_timeout_s: float = 120.0,
+        master_timeout_s: float | None = None,
         store=None,
     ):
         if num_producers < 1:
             raise ValueError(f"num_producers must be >= 1, got {num_producers}")
         self.codec, self.num_producers = codec or StoreCodec(), num_producers
         self.peer_timeout_s, self.connect_timeout_s = peer_timeout_s, connect_timeout_s
+        self.master_addr, self.master_timeout_s = settings.master_addr, master_timeout_s
+        self._probed, self._master_down, self._lost = 0.0, None, False  # last probe; (since, why) while down
+        self._reading: tuple[str, int] | None = None  # the record being fetched: (producer, seq)
         self._owns_store = store is None
         # When this client lends the memory, unconsumed objects live in its segment and go with it.
         self._lends_memory = store is None and settings.global_segment_bytes > 0
@@ -271,15 +295,56 @@ class MooncakeStream:
         self._started = time.monotonic()
 
     def __iter__(self) -> Iterator[HiddenSample]:
-        while sum(p.ended for p in self._names.values()) < self.num_producers:
-            event = self._server.get(timeout=0.1)
-            self._check_liveness(event.t if event else time.monotonic())
-            if event is None:
-                continue
-            sample = self._handle(event)
-            if sample is not None:
-                self.consumed += 1
-                yield sample
+        try:
+            while sum(p.ended for p in self._names.values()) < self.num_producers:
+                event = self._server.get(timeout=0.1)
+                self._check_liveness(event.t if event else time.monotonic())
+                self._check_master(time.monotonic())
+                if event is None:
+                    continue
+                sample = self._handle(event)
+                if sample is not None:
+                    self.consumed += 1
+                    yield sample
+        except MasterLost:
+            raise
+        except StreamError as e:
+            # A failed get, or a producer that died of a failed put: a dead master explains both.
+            if (down := master_answers(self.master_addr, settle_s=SETTLE_S)) is None:
+                raise
+            raise self._master_lost(down, first_sign=str(e)) from None
+
+    def _check_master(self, now: float) -> None:
+        """Probe the master every `MASTER_PROBE_S`; raise once it has refused connections for `master_timeout_s`."""
+        if self.master_timeout_s is None or now - self._probed < MASTER_PROBE_S:
+            return
+        self._probed = now
+        if (down := master_answers(self.master_addr)) is None:
+            self._master_down = None
+            return
+        since = self._master_down[0] if self._master_down else now
+        self._master_down = (since, down)
+        if now - since >= self.master_timeout_s:
+            raise self._master_lost(f"{down} for {now - since:.1f} s, master_timeout_s={self.master_timeout_s:g}")
+
+    def _master_lost(self, why: str, first_sign: str | None = None) -> MasterLost:
+        """The error for a dead master: its address, and which announced samples were lost with it."""
+        self._lost, unread = True, {}
+        if self._reading is not None:
+            unread.setdefault(self._reading[0], []).append(self._reading[1])
+        while (ev := self._server.get_nowait()) is not None:
+            if ev.kind == "message" and ev.body.get("type") == "sample" and isinstance(ev.body.get("seq"), int):
+                name = self._peers[ev.conn].name if ev.conn in self._peers else f"a producer at {ev.peer}"
+                unread.setdefault(name, []).append(ev.body["seq"])
+        # A producer's unread records are consecutive: it announces in order and the queue keeps it.
+        which = "; ".join(f"{n} seq {min(q)}" + (f"-{max(q)}" if len(q) > 1 else "") for n, q in sorted(unread.items()))
+        count = sum(len(seqs) for seqs in unread.values())
+        lost = f"{count} announced samples not yet read were lost with it ({which})" if count else ""
+        message = (
+            f"the Mooncake master at {self.master_addr} stopped answering ({why}): {lost or 'no sample was unread'}"
+            f", and no more can be streamed; {self.consumed} samples had been read"
+        )
+        return MasterLost(message + (f". First sign: {first_sign}" if first_sign else ""))
 
     def _check_liveness(self, now: float) -> None:
         """Raise if a live producer was silent for `peer_timeout_s`, or too few connected in time."""
@@ -342,7 +407,11 @@ class MooncakeStream:
             raise StreamError(f"producer {peer.name}: duplicate or invalid seq {seq!r} (last seq {peer.last_seq})")
         peer.seqs.add(seq)
         peer.last_seq = seq
+        self._reading = (peer.name, seq)
+        if self._master_down is not None and (down := master_answers(self.master_addr)) is not None:
+            raise self._master_lost(down)  # a get would fail too, but only after Mooncake's seconds of retries
         wire = self._fetch(peer, rec)
+        self._reading = None
         return decode(rec["id"], wire, self.codec)
 
     def _fetch(self, peer: _Peer, rec: dict) -> dict[str, torch.Tensor]:
@@ -370,23 +439,25 @@ class MooncakeStream:
                 raise StreamError(f"producer {peer.name} seq {rec['seq']}: remove of {key} failed with rc={rc}")
         return wire
 
-    def close(self) -> None:
+    def close(self, *, disconnect: bool = True) -> None:
         """Stop listening; drop the records that arrived but were not consumed.
 
         Their objects live in the segment this consumer lends, and unmounting it on close drops them, so
         they are not removed one by one: `batch_remove` while a live producer is still putting into the
         same segment crashed Mooncake 0.3.13 (SIGSEGV, about one run in three on 2 loaded cores). Only a
-        consumer that lends nothing (another client holds the memory) removes them.
+        consumer that lends nothing (another client holds the memory) removes them. `disconnect=False`
+        leaves the store client to the process's exit, for a process that exits without finalizing after
+        `MasterLost`: closing a client of a dead master holds the GIL through ~11 s of retries.
         """
         self._server.close()
         leftovers = []
         while (ev := self._server.get_nowait()) is not None:
             if ev.kind == "message" and ev.body.get("type") == "sample":
                 leftovers += [m["key"] for m in ev.body.get("keys", {}).values() if m.get("key")]
-        if leftovers and not self._lends_memory:
+        if leftovers and not self._lends_memory and not self._lost:
             self.store.batch_remove(leftovers, True)
         self._staging.close()
-        if self._owns_store:
+        if self._owns_store and disconnect:
             self.store.close()
             self._owns_store = False
 

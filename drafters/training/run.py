@@ -29,6 +29,7 @@ from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.config.drafter import parse_drafter
 from draftsmith.config.train import TrainConfig
 from draftsmith.manifest import StageManifest, file_entry
+from transport.mooncake_stream import StreamError
 from transport.offline_reader import OfflineDataset, PrefetchLoader
 
 log = logging.getLogger("drafters.training")
@@ -218,20 +219,35 @@ class Loop:
         every, fault = self.cfg.checkpoint.every_steps, int(os.environ.get(FAULT_ENV, 0))
         trainer, rec, trained = self.trainer, self.rec, 0
         rec.ended[trainer.step] = (time.perf_counter(), 0)
-        for epoch, micros in steps:
-            trained += len(micros)
-            if self.d.is_main and rec.flops_per_token is None:
-                rec.flops_per_token, rec.peak = measure_flops(self.built, micros[0], self.cfg, self.d)
-                rec.ended[trainer.step] = (time.perf_counter(), epoch)
-            rec.write(trainer.train_step(micros))
-            rec.step_done(trainer.step, epoch)
-            if every and trainer.step % every == 0 and trainer.step < stop:
-                rec.write(trainer.flush())
-                ckpts.save(trainer)
-                self._upload_metrics()
-            if fault and trainer.step == fault and self.d.is_main:
-                os.killpg(os.getpgrp(), signal.SIGKILL)  # the whole job, as a lost node would: see FAULT_ENV
+        try:
+            for epoch, micros in steps:
+                trained += len(micros)
+                if self.d.is_main and rec.flops_per_token is None:
+                    rec.flops_per_token, rec.peak = measure_flops(self.built, micros[0], self.cfg, self.d)
+                    rec.ended[trainer.step] = (time.perf_counter(), epoch)
+                rec.write(trainer.train_step(micros))
+                rec.step_done(trainer.step, epoch)
+                if every and trainer.step % every == 0 and trainer.step < stop:
+                    rec.write(trainer.flush())
+                    ckpts.save(trainer)
+                    self._upload_metrics()
+                if fault and trainer.step == fault and self.d.is_main:
+                    os.killpg(os.getpgrp(), signal.SIGKILL)  # the whole job, as a lost node would: see FAULT_ENV
+        except StreamError as e:
+            # The stream's own words say what was lost; what survives is the trainer's to say. One error,
+            # not a chain: the stream layer's traceback adds nothing to its message.
+            raise type(e)(f"{e}\n{self._what_survives(ckpts)}") from None
         return trained
+
+    def _what_survives(self, ckpts: Checkpoints) -> str:
+        done = ckpts.complete()
+        if not done:
+            return f"training stopped at step {self.trainer.step}, before its first checkpoint: a rerun starts over"
+        step, url = done[-1]
+        return (
+            f"training stopped at step {self.trainer.step}; checkpoint {url} (step {step}) is complete and untouched, "
+            "and a rerun resumes from it (the stream is replayed, the steps it holds skipped)"
+        )
 
     def _upload_metrics(self) -> None:
         if self.d.is_main and not storage.is_local(self.job.out_uri):

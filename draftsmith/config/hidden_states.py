@@ -36,6 +36,12 @@ class OnlineConfig(StrictModel):
     peer_timeout_s: float = Field(
         300.0, gt=0, description="A producer silent this long (no sample, no heartbeat) fails the run."
     )
+    master_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="The Mooncake master refusing connections this long fails the run, naming it and the samples "
+        "lost with it (at once if a put or get fails meanwhile). Probed every second.",
+    )
     window_samples: int = Field(
         64, gt=0, description="Arriving samples grouped into length-sorted batches at a time (bounds memory)."
     )
