@@ -1,5 +1,6 @@
 """Fault scenarios, each run N times: what was lost, duplicated or corrupted, and how fast the fault was
-noticed (a retry after a failed request, a refusal of a poisoned checkpoint).
+noticed (a retry after a failed request, a refusal of a poisoned checkpoint, a killed or stopped rank named,
+a dead Mooncake master named, the children of a killed process gone).
 
 Run from the repository root: `python -m benchmarks.faults [--runs N] [--only NAME ...]`.
 """
@@ -8,7 +9,10 @@ import argparse
 import logging
 import warnings
 
-from benchmarks._fault_servers import SCENARIOS, FaultResult
+from benchmarks import _fault_servers, _fault_stream
+from benchmarks._fault_servers import FaultResult
+
+SCENARIOS = {**_fault_servers.SCENARIOS, **_fault_stream.SCENARIOS}
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 One `run_torchrun` call is one node's launch: `--standalone` on one node; on N nodes a c10d rendezvous at
 `rdzv_endpoint` (or `$DRAFTSMITH_RDZV_ENDPOINT`, which the gb200-train job template sets), node 0 hosting it.
 Workers should wrap their entry point in torch.distributed.elastic's `@record`: its per-rank `error.json`
-(under `--log-dir`) is where the failing rank's traceback is read from.
+(under `--log-dir`) is where the failing rank's traceback is read from; `engines.rank_health` names the rank
+that caused a failure and kills a launch whose rank went silent past its bound.
 
 Only node 0 of a multi-node job runs the Prefect flow; it serves each launch to the other nodes, which run
 `python -m engines.torchrun follow` (deployments/work-pools/README.md, gb200-train).
@@ -11,11 +12,11 @@ Only node 0 of a multi-node job runs the Prefect flow; it serves each launch to 
 
 import argparse
 import base64
+import contextlib
 import ipaddress
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -28,11 +29,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftsmith import procs, runlock
+from engines import rank_health
+from engines.rank_health import HEARTBEAT_ENV, TorchrunError, TorchrunTimeout, process_alive
 
 RDZV_ENDPOINT_ENV = "DRAFTSMITH_RDZV_ENDPOINT"
 # JOB_COMPLETION_INDEX is what a Kubernetes Indexed Job gives each pod.
@@ -48,22 +50,6 @@ GRACE_S = 5.0
 # Nodes of a multi-node job start minutes apart (image pulls on fresh nodes); wait that long for all to join.
 JOIN_TIMEOUT_S = 1800
 _TAIL_LINES = 400
-_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
-_SUMMARY_ERROR_FILE = re.compile(r"^\s*error_file:\s*(\S+)")
-
-
-class TorchrunError(RuntimeError):
-    """torchrun exited non-zero: `rank` is the first failing global rank (None if unknown), `traceback` its
-    Python traceback (or the tail of the launch output when the rank left none, e.g. killed by a signal)."""
-
-    def __init__(self, message: str, *, rank: int | None, traceback: str) -> None:
-        self.rank = rank
-        self.traceback = traceback.rstrip()
-        super().__init__(f"{message}\n{self.traceback}".rstrip())
-
-
-class TorchrunTimeout(TorchrunError, TimeoutError):
-    """The launch outlived `timeout_s`; torchrun and every rank were killed."""
 
 
 @dataclass(frozen=True)
@@ -175,15 +161,6 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def process_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (orphans reparented to a non-reaping init stay zombies)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
@@ -217,58 +194,6 @@ def _kill_launch(proc: subprocess.Popen, log: logging.Logger | logging.LoggerAda
         time.sleep(0.05)
 
 
-def _error_files(log_dir: Path, since_ns: int) -> list[Path]:
-    """`<log_dir>/<run>/attempt_<n>/<local_rank>/error.json` written by this launch, oldest first."""
-    files = [p for p in log_dir.glob("*/attempt_*/*/error.json") if p.stat().st_mtime_ns >= since_ns]
-    # Seconds-resolution timestamps inside the files tie; the file written first is the root cause
-    # (the other ranks fail because it went away).
-    return sorted(files, key=lambda p: p.stat().st_mtime_ns)
-
-
-def _summary_ranks(lines: list[str]) -> tuple[dict[str, int], int | None]:
-    """From torchrun's failure summary: error file -> global rank, and the root-cause rank."""
-    by_file, root, current, in_root = {}, None, None, False
-    for line in lines:
-        in_root = in_root or line.startswith("Root Cause")
-        if m := _SUMMARY_RANK.match(line):
-            current = int(m.group(1))
-            if in_root and root is None:
-                root = current
-        elif (m := _SUMMARY_ERROR_FILE.match(line)) and current is not None:
-            by_file[m.group(1)] = current
-    return by_file, root
-
-
-def _read_error_file(path: Path) -> tuple[str, str]:
-    """(message, traceback) from an elastic `error.json` as `@record` writes it."""
-    data = json.loads(path.read_text())
-    message = data.get("message", "")
-    if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
-        return str(message.get("message", "")), str(extra.get("py_callstack", ""))
-    return str(message), str(message)
-
-
-def _failure(spec: TorchrunSpec, rc: int, lines: list[str], since_ns: int) -> TorchrunError:
-    by_file, root_rank = _summary_ranks(lines)
-    files = _error_files(Path(spec.log_dir or "."), since_ns) if spec.log_dir else []
-    if files:
-        first = files[0]
-        local_rank = int(first.parent.name)
-        rank = by_file.get(str(first), local_rank if spec.nnodes == 1 else None)
-        message, traceback = _read_error_file(first)
-        where = f"rank {rank}" if rank is not None else f"local rank {local_rank}"
-        return TorchrunError(f"torchrun {spec.module}: {where} failed: {message}", rank=rank, traceback=traceback)
-    tail = "\n".join(lines[-60:])
-    who = f"rank {root_rank}" if root_rank is not None else "a rank or torchrun itself"
-    return TorchrunError(
-        f"torchrun {spec.module}: exited {rc}; {who} failed without an error file (no @record, or killed by a "
-        "signal); last output:",
-        rank=root_rank,
-        traceback=tail,
-    )
-
-
 def _child_env(spec: TorchrunSpec, env: Mapping[str, str] | None) -> dict[str, str]:
     threads = str(spec.threads_per_rank)
     return {
@@ -282,11 +207,13 @@ def _child_env(spec: TorchrunSpec, env: Mapping[str, str] | None) -> dict[str, s
 
 
 def _stream(proc: subprocess.Popen, log: logging.Logger | logging.LoggerAdapter, tail: deque) -> None:
+    """Log every output line; traceback lines at DEBUG: the failure's error carries the cause's own."""
     assert proc.stdout is not None
+    tracebacks = rank_health.TracebackLines()
     for raw in proc.stdout:
         line = raw.rstrip("\n")
         tail.append(line)
-        log.info("%s", line)
+        log.log(logging.DEBUG if tracebacks.within(line) else logging.INFO, "%s", line)
 
 
 def _supervise(
@@ -305,7 +232,13 @@ def _supervise(
     reader.start()
     try:
         try:
-            rc = proc.wait(timeout=timeout_s)
+            rc = rank_health.wait_watching(proc, timeout_s, Path(child_env[HEARTBEAT_ENV]))
+        except rank_health.Stalled as stalled:
+            for beat, _, _ in stalled.args[0]:  # a stopped rank cannot act on torchrun's SIGTERM: do not wait for it
+                with contextlib.suppress(OSError):
+                    os.kill(beat["pid"], signal.SIGKILL)
+            _kill_launch(proc, log)
+            raise rank_health.stall_error(spec.module, stalled, list(tail)) from None
         except subprocess.TimeoutExpired:
             _kill_launch(proc, log)
             raise TorchrunTimeout(
@@ -319,7 +252,7 @@ def _supervise(
     finally:
         reader.join(timeout=GRACE_S)
     if rc != 0:
-        raise _failure(spec, rc, list(tail), since_ns)
+        raise rank_health.failure(spec.module, spec.log_dir, spec.nnodes, rc, list(tail), since_ns)
 
 
 def run_torchrun(
@@ -341,6 +274,8 @@ def run_torchrun(
         spec = replace(spec, log_dir=tempfile.mkdtemp(prefix="draftsmith-torchrun-"))
     try:
         child_env = _child_env(spec, env)
+        # Per launch, so that a rerun never reads a heartbeat of the launch before it.
+        child_env[HEARTBEAT_ENV] = tempfile.mkdtemp(prefix="heartbeat-", dir=spec.log_dir)
         cmd = torchrun_command(spec, environ=child_env)
         with serve_launch(spec, child_env, log):
             log.info("launching %s", " ".join(cmd))
@@ -376,7 +311,7 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-@contextmanager
+@contextlib.contextmanager
 def serve_launch(
     spec: TorchrunSpec, environ: Mapping[str, str], log: logging.Logger | logging.LoggerAdapter
 ) -> Iterator[None]:

@@ -2,7 +2,8 @@
 
 The `train` task writes the job spec, launches torchrun (`engines.torchrun`) and reads back `result.json`,
 which rank 0 writes after the consolidated export. Every rank builds the same plan from the sample lengths,
-shards the drafter, resumes from the newest complete checkpoint and trains its own micro-batches.
+shards the drafter, resumes from the newest complete checkpoint and trains its own micro-batches. Each rank
+beats a heartbeat for the launcher (`engines.rank_health.start_heartbeat`), bounded by `train.distributed.timeout_s`.
 """
 
 import argparse
@@ -11,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from dataclasses import asdict, dataclass
 
 import torch
@@ -27,6 +29,7 @@ from draftsmith import procs, storage, tensorio
 from draftsmith.config import HiddenStatesConfig, TargetConfig
 from draftsmith.config.drafter import parse_drafter
 from draftsmith.config.train import TrainConfig
+from engines import rank_health
 
 log = logging.getLogger("drafters.training")
 
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     job = TrainJob.read(args.spec)
     cfg = TrainConfig.model_validate(job.train)
+    # A rank stopped for as long as a peer's collective would wait for it is named and killed by the launcher.
+    rank_health.start_heartbeat(cfg.distributed.timeout_s, "train.distributed.timeout_s")
     torch.set_num_threads(int(os.environ.get("DRAFTSMITH_THREADS", cfg.rank_threads())))
     d = fsdp.init_distributed(cfg.distributed)
     try:
@@ -127,23 +132,28 @@ def main(argv: list[str] | None = None) -> None:
     _exit_without_finalizing()
 
 
-def _exit_without_finalizing() -> None:
-    """Leave a finished rank with `os._exit(0)`: everything it wrote is closed and renamed into place by now.
+def _exit_without_finalizing(code: int = 0) -> None:
+    """Leave the rank with `os._exit(code)`: everything it wrote is closed and renamed into place by now.
 
     A gloo worker thread can still drop its last tensors while CPython finalizes. Those tensors hold
     Python references, the thread takes the GIL, CPython ends the thread with a forced unwind, and a
     noexcept C++ frame turns that into "terminate called without an active exception" (SIGABRT). The CI
     saw it once in a 2-rank run, after every step and the export had succeeded. torch has no fix yet
     (pytorch#179291 was abandoned). Skipping finalization skips the race, and a finished rank has no
-    atexit work left.
+    atexit work left. A failed rank has none either once `@record` has written its error file; there,
+    finalizing would also close a Mooncake client whose master died, which retries for ~11 s.
     """
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":
     # torchrun starts ranks in their own sessions and cannot stop them when it is SIGKILLed itself.
     procs.die_with_parent()
-    main()
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()  # what the interpreter would print on its way out
+        _exit_without_finalizing(1)

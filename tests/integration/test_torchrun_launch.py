@@ -64,7 +64,7 @@ def test_two_ranks_all_reduce_and_stream_their_lines(caplog: pytest.LogCaptureFi
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_failing_rank_is_named_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
     with pytest.raises(TorchrunError) as info:
         run_torchrun(_spec("raise"), log=logging.getLogger(LOGGER), env=ENV, timeout_s=60)
     err = info.value
@@ -75,8 +75,13 @@ def test_failing_rank_is_named_with_its_traceback(caplog: pytest.LogCaptureFixtu
     assert "torchrun_worker_main.py" in err.traceback and "_fail_at_rank_1" in err.traceback
     assert "Connection closed by peer" not in err.traceback
     assert err.traceback in str(err)
-    # The rank's stderr was streamed too.
-    assert any(s.startswith("[rank1]:") and "boom at rank 1" in s for s in _lines(caplog))
+    # The rank's stderr was streamed too, its traceback at DEBUG: the error above carries it, once.
+    records = [r for r in caplog.records if r.name == LOGGER]
+    boom = [
+        r for r in records if r.getMessage().startswith("[rank1]:") and "ValueError: boom at rank 1" in r.getMessage()
+    ]
+    assert boom and all(r.levelno == logging.DEBUG for r in boom), [(r.levelname, r.getMessage()) for r in boom]
+    assert not [r.getMessage() for r in records if r.levelno >= logging.INFO and "Traceback (most" in r.getMessage()]
 
 
 @pytest.mark.integration
