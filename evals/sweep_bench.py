@@ -15,10 +15,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from evals.sweep import SweepConfig
+from draftsmith import procs
+from draftsmith.config.sweep import SweepConfig
 
 PERCENTILES = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -238,9 +238,11 @@ def run_driver(
     from engines.vllm_offline import log_tail, stop_process
 
     with bench_log.open("ab") as sink:
+        # Its own group, and gone with us even if we are SIGKILLed: this thread waits for it to the end.
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+            cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
+            **procs.popen_kwargs(caller_waits=True),
+        )  # fmt: skip
     deadline = time.monotonic() + timeout_s
     try:
         while True:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from draftsmith import procs
 from tasks import token_rows
 from tasks.renderers import (
     JinjaTemplateRenderer,
@@ -316,10 +317,14 @@ def _load_for_worker(
     return tok, get_renderer(renderer_name, tok, thinking=thinking)
 
 
-def _init_worker(tok_path: str, renderer_name: str, opts: Options, pooled: bool = False) -> None:
+def _init_worker(
+    tok_path: str, renderer_name: str, opts: Options, pooled: bool = False, parent_pid: int | None = None
+) -> None:
     if pooled:
         # One process per core already: a Rust thread pool per worker would oversubscribe the cores.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        # Its task queue outlives a SIGKILLed parent (every worker holds both ends): only the kernel ends it.
+        procs.die_with_parent(parent_pid)
     # A pool initializer that raises is retried forever by multiprocessing: keep the error for the first job.
     _WORKER.clear()
     try:

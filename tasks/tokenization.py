@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing as mp
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -242,7 +243,8 @@ def tokenize(cfg: TokenizeConfig, target: TargetConfig, conversations: StageMani
         # Spawned, they share nothing with this process (threads, the corpus pages).
         pool = None
         if cfg.num_workers:
-            pool = mp.get_context("spawn").Pool(cfg.num_workers, _init_worker, (tok_path, cfg.renderer, opts, True))
+            init = (tok_path, cfg.renderer, opts, True, os.getpid())
+            pool = mp.get_context("spawn").Pool(cfg.num_workers, _init_worker, init)
         try:
             result = _compute(uri, opts, pool)
         except BaseException:

@@ -5,6 +5,7 @@ Run as a module (`python -m tests.faults.test_fault_orphans PID_DIR`), this file
 and its parent's (torchrun) and sleeps.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -94,6 +95,54 @@ def test_sigkill_of_the_launcher_leaves_no_torchrun_or_rank(tmp_path):
         for pid in pids:  # never leave them behind, even when the test fails
             try:
                 os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+# The tokenize stage's pool, as the stage starts it, both workers busy; the owner records their pids and sleeps.
+_POOL_OWNER = """
+import json, multiprocessing as mp, os, sys, time
+from tasks import token_encode
+tok_path, out = sys.argv[1:3]
+opts = token_encode.Options(64, "truncate", False, 0)
+pool = mp.get_context("spawn").Pool(2, token_encode._init_worker, (tok_path, "chat_template", opts, True, os.getpid()))
+pool.apply(token_encode.worker_template_sha256)  # the workers are up
+busy = [pool.apply_async(time.sleep, (100,)) for _ in range(2)]  # as in a long shard, deaf to the queue
+time.sleep(0.5)
+open(out + ".tmp", "w").write(json.dumps([p.pid for p in mp.active_children()]))
+os.replace(out + ".tmp", out)
+time.sleep(120)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_sigkill_of_the_tokenize_stage_leaves_no_pool_worker(tiny_cfg, tmp_path):
+    from draftsmith.target_setup import resolve_target
+
+    tok_path = str(resolve_target(tiny_cfg.target.source, tokenizer_only=True))
+    out = tmp_path / "workers.json"
+    owner = subprocess.Popen([sys.executable, "-c", _POOL_OWNER, tok_path, str(out)], cwd=ROOT)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while not out.exists():
+            assert owner.poll() is None and time.monotonic() < deadline, "the pool did not start"
+            time.sleep(0.1)
+        workers = json.loads(out.read_text())
+        assert len(workers) == 2 and all(_alive(p) for p in workers), workers
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + DEATH_S
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in workers if _alive(p)], f"pool workers still running {DEATH_S:g} s after the kill"
+    finally:
+        owner.kill()
+        owner.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
