@@ -180,9 +180,9 @@ def flaky_endpoint(
 ) -> FaultResult:
     """Regenerate the tiny recipe's prompts through a `FlakyChatServer`; count by prompt id what the
     committed shards lost, duplicated or got wrong."""
-    from draftsmith.config import load_recipe
-    from tasks.regenerate import read_conversations, regenerate
-    from tasks.select_prompts import read_prompts, select_prompts
+    from draftsmith.core.config import load_recipe
+    from draftsmith.tasks.regenerate import read_conversations, regenerate
+    from draftsmith.tasks.select_prompts import read_prompts, select_prompts
 
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
         work = Path(workdir) if workdir is not None else Path(tmp)
@@ -249,7 +249,7 @@ def checkpoint_pickle(workdir: str | Path | None = None) -> FaultResult:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from drafters.training.checkpoint import UnsafeCheckpointError, load_dcp
+    from draftsmith.drafters.training.checkpoint import UnsafeCheckpointError, load_dcp
 
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
         work = Path(workdir) if workdir is not None else Path(tmp)

@@ -1,7 +1,7 @@
 """Storage fault scenarios shared by `benchmarks/faults.py` and `tests/faults`: the S3 server killed while a
 stage writes and started again, a bucket whose credentials may only read, a local disk that fills up.
 
-The stage is the hidden-state store's writer (`transport.offline_store.ShardWriter`: shards, then their
+The stage is the hidden-state store's writer (`draftsmith.transport.offline_store.ShardWriter`: shards, then their
 commit records, then `index.jsonl` and `dataset.json`) inside the stage bookkeeping (`run_stage`: stage key,
 manifest written last), fed deterministic samples instead of the target's forward, so a scenario takes
 seconds and needs no model. Every item is counted by sample id against what a fault-free run stores.
@@ -43,8 +43,8 @@ DISK_BYTES = 32 << 20
 
 if TYPE_CHECKING:
     from benchmarks._fault_servers import FaultResult
-    from draftsmith.manifest import StageManifest
-    from transport.sample import HiddenSample, StoreCodec
+    from draftsmith.core.manifest import StageManifest
+    from draftsmith.transport.sample import HiddenSample, StoreCodec
 
 
 class MountUnavailable(RuntimeError):
@@ -58,7 +58,7 @@ def _result(**fields: object) -> FaultResult:
 
 
 def _codec() -> StoreCodec:
-    from transport.sample import StoreCodec
+    from draftsmith.transport.sample import StoreCodec
 
     return StoreCodec("bfloat16", "all", TAPS)
 
@@ -67,7 +67,7 @@ def samples(n: int = SAMPLES, seed: int = 0) -> list[HiddenSample]:
     """Deterministic samples of about 270 KB each in the store, so a shard is about 2 MB."""
     import torch
 
-    from transport.sample import HiddenSample
+    from draftsmith.transport.sample import HiddenSample
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -87,16 +87,16 @@ def samples(n: int = SAMPLES, seed: int = 0) -> list[HiddenSample]:
 
 def store_stage(uri: str, data: Iterable[HiddenSample]) -> StageManifest:
     """Write `data` as a hidden-state store stage at `uri`, resuming after its committed shards."""
-    from draftsmith.manifest import FileEntry, entry
-    from draftsmith.stage import StageResult, run_stage, stage_key
-    from transport import offline_store
-    from transport.offline_store import ShardWriter, StoreInfo, skip
+    from draftsmith.core.manifest import FileEntry, entry
+    from draftsmith.core.stage import StageResult, run_stage, stage_key
+    from draftsmith.transport import offline_store
+    from draftsmith.transport.offline_store import ShardWriter, StoreInfo, skip
 
     info = StoreInfo(codec=_codec(), taps=[1, 2, 3], hidden_size=HIDDEN, target="fault-scenario")
     key = stage_key(STAGE, [offline_store], info=repr(info), samples=SAMPLES, shard=SHARD_SAMPLES)
 
     def compute(stage_uri: str):
-        from draftsmith import storage
+        from draftsmith.core import storage
 
         writer = ShardWriter(stage_uri, info, SHARD_SAMPLES)
         for sample in skip(data, writer.committed_samples):
@@ -117,8 +117,8 @@ def tally(uri: str, data: list[HiddenSample]) -> tuple[int, int, int]:
     encodes to: what a fault-free run stores."""
     import torch
 
-    from transport.offline_reader import OfflineDataset
-    from transport.sample import encode
+    from draftsmith.transport.offline_reader import OfflineDataset
+    from draftsmith.transport.sample import encode
 
     ds = OfflineDataset(uri)
     want = {s.id: encode(s, _codec()) for s in data}
@@ -168,10 +168,10 @@ def _firing(data: list[HiddenSample], at: int, event: threading.Event) -> Iterat
 def after_crash(uri: str, clean: StageManifest) -> dict[str, int]:
     """What a reader finds in the stage folder after the failed run: a manifest listing a file that is not
     whole, commit records whose shard does not match, shards present with other bytes than the clean run's."""
-    from draftsmith import storage
-    from draftsmith.manifest import FileEntry
-    from draftsmith.stage import load_manifest
-    from transport.offline_store import COMMITS
+    from draftsmith.core import storage
+    from draftsmith.core.manifest import FileEntry
+    from draftsmith.core.stage import load_manifest
+    from draftsmith.transport.offline_store import COMMITS
 
     manifest = load_manifest(uri)
     found = {"manifest": int(manifest is not None), "manifest_problems": 0, "bad_commits": 0, "torn": 0}
@@ -190,7 +190,7 @@ def after_crash(uri: str, clean: StageManifest) -> dict[str, int]:
 
 def s3_restart(workdir: str | Path | None = None, *, kill_in_shard: int = 1) -> FaultResult:
     """SIGKILL the S3 server while the stage writes shard `kill_in_shard`, start it again, rerun the stage."""
-    from draftsmith import retry
+    from draftsmith.core import retry
     from tests.s3_weed import WeedServer
 
     data = samples()
@@ -241,7 +241,7 @@ def s3_restart(workdir: str | Path | None = None, *, kill_in_shard: int = 1) -> 
 def read_only_bucket(workdir: str | Path | None = None) -> FaultResult:
     """A finished stage in a bucket, then credentials that may only read it: a new stage there must be
     refused at its first write, a delete of the finished one refused too, and nothing of it lost."""
-    from draftsmith import retry, storage
+    from draftsmith.core import retry, storage
     from tests.s3_weed import WeedServer
 
     data, reader = samples(), READ_ONLY
@@ -331,7 +331,7 @@ def disk_full(workdir: str | Path | None = None) -> FaultResult:
 
 def disk_child(work: str) -> None:
     """`disk_full`'s body, run in its own mount namespace: mount, fill, fail, free, rerun; results to JSON."""
-    from draftsmith.stage import MANIFEST
+    from draftsmith.core.stage import MANIFEST
 
     root = Path(work)
     disk = root / "disk"

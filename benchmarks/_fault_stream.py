@@ -44,11 +44,11 @@ _BUILT: dict[str, tuple] = {}
 
 def tiny_inputs(workdir: str | Path | None = None) -> tuple:
     """The tiny recipe and its stages up to the hidden-state store: `(config, {stage: manifest})`, once per folder."""
-    from draftsmith.config import load_recipe
-    from tasks.hidden_states import capture_hidden_states
-    from tasks.regenerate import regenerate
-    from tasks.select_prompts import select_prompts
-    from tasks.tokenization import tokenize
+    from draftsmith.core.config import load_recipe
+    from draftsmith.tasks.hidden_states import capture_hidden_states
+    from draftsmith.tasks.regenerate import regenerate
+    from draftsmith.tasks.select_prompts import select_prompts
+    from draftsmith.tasks.tokenization import tokenize
 
     if str(workdir) in _BUILT:
         return _BUILT[str(workdir)]
@@ -92,7 +92,7 @@ def cmdline(pid: int) -> bytes | None:
 
 def descendants(match: str, env: str | None = None) -> list[int]:
     """This process's live descendants whose command line holds `match` (and whose environment holds `env`)."""
-    from engines.torchrun import process_alive
+    from draftsmith.engines.torchrun import process_alive
 
     children, todo, found = _children(), [os.getpid()], []
     while todo:
@@ -107,7 +107,7 @@ def descendants(match: str, env: str | None = None) -> list[int]:
 
 
 def _rank_pid(rank: int) -> int | None:
-    ranks = [p for p in descendants("-m drafters.training.worker", f"RANK={rank}") if _is_python_worker(p)]
+    ranks = [p for p in descendants("-m draftsmith.drafters.training.worker", f"RANK={rank}") if _is_python_worker(p)]
     return ranks[0] if ranks else None
 
 
@@ -119,7 +119,7 @@ def _is_python_worker(pid: int) -> bool:
 def _release(pid: int | None, argv: bytes | None) -> None:
     """Never leave a stopped or injected process behind, whatever the scenario's outcome; `argv` (its command
     line when it was faulted) makes sure the pid was not reused by another process since."""
-    from engines.torchrun import process_alive
+    from draftsmith.engines.torchrun import process_alive
 
     if pid is None or not process_alive(pid) or cmdline(pid) != argv:
         return
@@ -149,7 +149,7 @@ def loads(folder: Path) -> bool:
     import torch
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from drafters.training.checkpoint import load_dcp, read_dcp_metadata
+    from draftsmith.drafters.training.checkpoint import load_dcp, read_dcp_metadata
 
     try:
         meta = read_dcp_metadata((folder / ".metadata").read_bytes(), str(folder))
@@ -230,7 +230,7 @@ def lines_of(logger_name: str):
 
 
 def _run_train(c, run, stage: Path, train_cfg, hidden_cfg, *, offline: bool):
-    from tasks.train import train
+    from draftsmith.tasks.train import train
 
     hidden = run["hidden_states"] if offline else None
     return train(
@@ -282,7 +282,7 @@ def rank_lost(how: str = "killed", workdir: str | Path | None = None, *, run: tu
         )  # fmt: skip
         sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
         state = _faulted_run(c, inputs, stage, cfg, c.hidden_states, lambda: _rank_pid(1), sig, offline=True)
-        survivors = descendants("-m drafters.training.worker")
+        survivors = descendants("-m draftsmith.drafters.training.worker")
         newest = max((int(n.split("-")[1]) for n in committed(stage)), default=0)
         gone, bad = damaged(stage, state.get("committed", {}))
         with lines_of("draftsmith.train") as lines:
@@ -340,7 +340,7 @@ def master_killed(workdir: str | Path | None = None, *, run: tuple | None = None
             return pids[0] if pids else None
 
         state = _faulted_run(c, inputs, stage, cfg, hidden, target, signal.SIGKILL, offline=False)
-        survivors = descendants("mooncake_master") + descendants("-m tasks.hidden_stream")
+        survivors = descendants("mooncake_master") + descendants("-m draftsmith.tasks.hidden_stream")
         gone, bad = damaged(stage, state.get("committed", {}))
         kept = (stage / "metrics.jsonl").read_text().startswith(seen.get("metrics", "\0"))
         return FaultResult(
@@ -363,9 +363,9 @@ def master_killed(workdir: str | Path | None = None, *, run: tuple | None = None
 _PARENT = """
 import json, sys, time
 from pathlib import Path
-from draftsmith.config import HiddenStatesConfig, TargetConfig
-from draftsmith.manifest import StageManifest
-from tasks.hidden_stream import OnlineSource
+from draftsmith.core.config import HiddenStatesConfig, TargetConfig
+from draftsmith.core.manifest import StageManifest
+from draftsmith.tasks.hidden_stream import OnlineSource
 spec = json.loads(Path(sys.argv[1]).read_text())
 parts = HiddenStatesConfig.model_validate(spec["hidden"]), TargetConfig.model_validate(spec["target"])
 with OnlineSource(*parts, StageManifest.model_validate(spec["tokens"]), epochs=1000, run_id="parent") as source:
@@ -377,7 +377,7 @@ with OnlineSource(*parts, StageManifest.model_validate(spec["tokens"]), epochs=1
 
 def _start_parent(c, inputs, work: Path) -> tuple[subprocess.Popen, dict]:
     """The stream's owner in its own process, and the pids of the master and producers it started."""
-    from engines.torchrun import process_alive
+    from draftsmith.engines.torchrun import process_alive
 
     hidden = _with(c.hidden_states, mode="online", online={"num_producers": 2, "segment_mb": 16})
     spec = {"hidden": hidden.model_dump(mode="json"), "target": c.target.model_dump(mode="json")}
@@ -409,7 +409,7 @@ def parent_killed(workdir: str | Path | None = None, *, run: tuple | None = None
 
     `detail`: `children` (master and producer pids), `alive_before` (those running at the kill), `survivors`.
     """
-    from engines.torchrun import process_alive
+    from draftsmith.engines.torchrun import process_alive
 
     c, inputs = run or tiny_inputs()
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:

@@ -63,10 +63,10 @@ def _inputs(op: str, a, torch, dev, dtype):
 
 def _fns(op: str, a, torch, kernels_mod):
     """`{impl: fn(leaves, other) -> output}` for reference, compiled reference and triton."""
-    from kernels.dyn_conv import dyn_conv, dyn_conv_reference
-    from kernels.head_loss import Target, head_loss, head_loss_reference
-    from kernels.head_loss.spec import row_weights
-    from kernels.rmsnorm import rms_norm, rms_norm_reference
+    from draftsmith.kernels.dyn_conv import dyn_conv, dyn_conv_reference
+    from draftsmith.kernels.head_loss import Target, head_loss, head_loss_reference
+    from draftsmith.kernels.head_loss.spec import row_weights
+    from draftsmith.kernels.rmsnorm import rms_norm, rms_norm_reference
 
     eps, block = 1e-6, 8
     if op.startswith("head"):
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import
     import torch
 
-    import kernels
+    from draftsmith import kernels
 
     dev = torch.device("cpu" if a.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if a.smoke else torch.bfloat16

@@ -82,8 +82,8 @@ def _random_init(model, embed, head) -> None:
 
 def _random_models(cfg: dict) -> dict:
     """`{name: (method, untrained drafter)}` shaped for the target config `cfg`."""
-    from drafters.dflash import DFlashDrafter, DFlashSpec
-    from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+    from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
+    from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
     H, V, heads = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
     common = {
@@ -105,7 +105,7 @@ def _random_models(cfg: dict) -> dict:
         "dflash": ("dflash", DFlashDrafter(DFlashSpec(**common, **block))),
         "dflash2": ("dflash", DFlashDrafter(DFlashSpec(**common, **block, **conv))),
     }
-    from drafters.dspark.model import DSparkDrafter, DSparkSpec
+    from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec
 
     models["dspark"] = ("dspark", DSparkDrafter(DSparkSpec(**common, **block, markov_rank=32)))
     return models
@@ -116,7 +116,7 @@ def make_drafts(target: str, out: str) -> None:
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from drafters.export import bundle
+    from draftsmith.drafters.export import bundle
 
     with open(os.path.join(target, "config.json")) as f:
         cfg = json.load(f)

@@ -8,8 +8,8 @@ CPU (gloo) at toy sizes, which `tests/integration/test_gpu_train_check_smoke.py`
 Each family's drafter comes from its `deployments/recipes/kimi-k3-<family>.yaml` drafter section (the
 recipe's target width 7168 and vocabulary 163840). Only the drafter is real: the target is a one-layer
 DeepseekV3 config on the meta device plus random embedding/head tensors, passed through
-`drafters.families.BuildInputs` as the worker passes the real target's. The drafter is built, sharded,
-materialised and trained exactly as `drafters.training.worker` does (`fsdp.TrainModule`, `fsdp.shard`,
+`draftsmith.drafters.families.BuildInputs` as the worker passes the real target's. The drafter is built, sharded,
+materialised and trained exactly as `draftsmith.drafters.training.worker` does (`fsdp.TrainModule`, `fsdp.shard`,
 `fsdp.materialize`, `loop.Trainer`), except that rank 0's real copy is built on the GPU rather than the
 CPU, which saves tens of seconds of CPU init per case.
 
@@ -43,12 +43,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
-from drafters import families  # noqa: E402
-from drafters.training import flops, fsdp  # noqa: E402
-from drafters.training.loop import Micro, Trainer, micro_seed  # noqa: E402
-from draftsmith.config import TargetConfig  # noqa: E402
-from draftsmith.config.drafter import parse_drafter  # noqa: E402
-from draftsmith.config.train import DistributedConfig, MixedPrecisionConfig, TrainConfig  # noqa: E402
+from draftsmith.core.config import TargetConfig  # noqa: E402
+from draftsmith.core.config.drafter import parse_drafter  # noqa: E402
+from draftsmith.core.config.train import DistributedConfig, MixedPrecisionConfig, TrainConfig  # noqa: E402
+from draftsmith.drafters import families  # noqa: E402
+from draftsmith.drafters.training import flops, fsdp  # noqa: E402
+from draftsmith.drafters.training.loop import Micro, Trainer, micro_seed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("eagle3", "dflash2", "dspark")

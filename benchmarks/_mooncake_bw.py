@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from transport.mooncake_store import MooncakeMaster, connect
+from draftsmith.transport.mooncake_store import MooncakeMaster, connect
 
 SEQ, WIDTH = 512, 4096  # one chunk: S=512 tokens of N*H=4096 bf16 features = 4 MiB
 

@@ -1,5 +1,5 @@
 """Our side of `benchmarks.peer_train`: the trainer's real step (`Trainer.train_step` on the module that
-`drafters.training.worker.build` makes, in a process group of one) on the shared inputs.
+`draftsmith.drafters.training.worker.build` makes, in a process group of one) on the shared inputs.
 
 `python -m benchmarks._peer_ours JOB` (JOB: the JSON `benchmarks.peer_train` writes) prints one JSON line:
 `{"step_s": [...], "peak_rss": bytes}` (warm-up steps excluded). Its own process, so that the peak RSS is
@@ -15,13 +15,13 @@ import time
 import torch
 from safetensors.torch import load_file
 
-from drafters import data
-from drafters.training import fsdp
-from drafters.training.loop import Micro, Trainer
-from drafters.training.worker import TrainJob, build
-from draftsmith import storage, tensorio
-from draftsmith.config import load_recipe
-from transport.sample import HiddenSample
+from draftsmith.core import storage, tensorio
+from draftsmith.core.config import load_recipe
+from draftsmith.drafters import data
+from draftsmith.drafters.training import fsdp
+from draftsmith.drafters.training.loop import Micro, Trainer
+from draftsmith.drafters.training.worker import TrainJob, build
+from draftsmith.transport.sample import HiddenSample
 
 
 def trainer_for(job: dict, folder: str) -> tuple[Trainer, fsdp.Dist]:

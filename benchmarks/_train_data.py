@@ -11,13 +11,13 @@ Shape legend: S sequence, N taps, H target width.
 
 import torch
 
-from draftsmith import storage
-from draftsmith.manifest import StageManifest, file_entry
-from tasks.hidden_states import codec_of
-from tasks.token_encode import Encoded
-from tasks.tokenization import pack_shard
-from transport.offline_store import StoreInfo, write_store
-from transport.sample import HiddenSample
+from draftsmith.core import storage
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.tasks.hidden_states import codec_of
+from draftsmith.tasks.token_encode import Encoded
+from draftsmith.tasks.tokenization import pack_shard
+from draftsmith.transport.offline_store import StoreInfo, write_store
+from draftsmith.transport.sample import HiddenSample
 
 
 def lognormal_lengths(n: int, *, median: float, sigma: float, lo: int, hi: int, seed: int) -> list[int]:
@@ -57,7 +57,7 @@ class SampleMaker:
 
 
 def loss_counts(samples: list[HiddenSample], vocab_size: int) -> torch.Tensor:
-    """`[V]` loss-token counts, as `tasks.train.loss_token_counts` computes them from a tokenize manifest."""
+    """`[V]` loss-token counts, as `draftsmith.tasks.train.loss_token_counts` computes them from a tokenize manifest."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in samples:
         counts += torch.bincount(s.input_ids[s.loss_mask], minlength=vocab_size)
@@ -76,7 +76,7 @@ def write_tokens(uri: str, samples: list[HiddenSample]) -> StageManifest:
 
 
 def write_hidden_store(uri: str, samples: list[HiddenSample], hidden_cfg, target) -> StageManifest:
-    """The offline store (`transport.offline_store`) of the samples, as the hidden-state stage writes it."""
+    """The offline store (`draftsmith.transport.offline_store`) of the samples, as the hidden-state stage writes it."""
     info = StoreInfo(codec=codec_of(hidden_cfg), taps=list(hidden_cfg.taps), hidden_size=target.hidden_size,
                      target=target.name, extra={"synthetic": "benchmarks.train"})  # fmt: skip
     dataset = write_store(uri, info, samples, hidden_cfg.shard_samples)

@@ -1,6 +1,6 @@
 """Parts 3 and 4 of `benchmarks.train`: the real `train` stage through torchrun on 1 rank and on 2 ranks.
 
-Both runs read the same synthetic offline store (written with `transport.offline_store` at the target's
+Both runs read the same synthetic offline store (written with `draftsmith.transport.offline_store` at the target's
 shapes) and train the same micro-batches per optimizer step: 1 rank x grad_accum 2 against 2 ranks x
 grad_accum 1, with the machine's cores split between the ranks. `tokens_per_s` and `mfu` come from the
 manifests' metrics. The per-rank peak handed to the runs (`train.metrics.peak_flops`) is the machine's
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks._train_data import SampleMaker, lognormal_lengths, write_hidden_store, write_tokens
-from drafters.training.plan import plan_epoch
-from drafters.training.target_parts import load_target_parts
-from tasks.train import train
+from draftsmith.drafters.training.plan import plan_epoch
+from draftsmith.drafters.training.target_parts import load_target_parts
+from draftsmith.tasks.train import train
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Part 2 of `benchmarks.train`: the trainer's step against the same step with host syncs and foreach AdamW.
 
-Both variants train one EAGLE-3 drafter, built by the trainer's own path (`drafters.training.worker.build`)
+Both variants train one EAGLE-3 drafter, built by the trainer's own path (`draftsmith.drafters.training.worker.build`)
 in a process group of one, on the same micro-batches, and alternate in rounds so machine noise hits both.
 
 - ours: `Trainer.train_step` (fused AdamW that skips non-finite steps on device, metrics read a step late);
@@ -22,13 +22,13 @@ from torch.distributed.tensor import DTensor
 
 from benchmarks._timing import best_of
 from benchmarks._train_data import SampleMaker, lognormal_lengths, loss_counts
-from drafters import data
-from drafters.training import fsdp
-from drafters.training.loop import Micro, Trainer, micro_seed
-from drafters.training.plan import plan_epoch
-from drafters.training.target_parts import load_target_parts
-from drafters.training.worker import TrainJob, build
-from draftsmith import storage, tensorio
+from draftsmith.core import storage, tensorio
+from draftsmith.drafters import data
+from draftsmith.drafters.training import fsdp
+from draftsmith.drafters.training.loop import Micro, Trainer, micro_seed
+from draftsmith.drafters.training.plan import plan_epoch
+from draftsmith.drafters.training.target_parts import load_target_parts
+from draftsmith.drafters.training.worker import TrainJob, build
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ Run: `python -m benchmarks.anchored_ttt` (part of `make bench`).
 import torch
 
 from benchmarks._timing import best_of
-from drafters.anchors import strided_anchors
-from drafters.eagle3.anchored import anchored_hidden, anchored_loss
-from drafters.eagle3.loss import position_mask, ttt_loss
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.anchors import strided_anchors
+from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss
+from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
 DEPTH, ANCHORS, VD, HT = 7, 512, 8192, 576
 

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith import storage
-from draftsmith.config import PipelineConfig, load_recipe, record_recipe
-from tasks.evaluate import evaluate, read_results
-from tasks.hidden_states import capture_hidden_states
-from tasks.regenerate import regenerate
-from tasks.select_prompts import select_prompts
-from tasks.tokenization import tokenize
-from tasks.train import train
+from draftsmith.core import storage
+from draftsmith.core.config import PipelineConfig, load_recipe, record_recipe
+from draftsmith.tasks.evaluate import evaluate, read_results
+from draftsmith.tasks.hidden_states import capture_hidden_states
+from draftsmith.tasks.regenerate import regenerate
+from draftsmith.tasks.select_prompts import select_prompts
+from draftsmith.tasks.tokenization import tokenize
+from draftsmith.tasks.train import train
 
 RECIPES = Path(__file__).resolve().parents[1] / "deployments" / "recipes"
 

@@ -13,9 +13,9 @@ import json
 import time
 from pathlib import Path
 
-from draftsmith.config import load_recipe
-from evals.report import acceptance_table
-from tasks.evaluate import evaluate_checkpoint
+from draftsmith.core.config import load_recipe
+from draftsmith.evals.report import acceptance_table
+from draftsmith.tasks.evaluate import evaluate_checkpoint
 
 RUNS = Path(__file__).resolve().parents[1] / "runs"
 KINDS = ("eagle3", "dflash2", "dspark")

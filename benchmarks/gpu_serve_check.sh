@@ -30,7 +30,7 @@ cd "$ROOT"
 
 TARGET=${1:-}
 if [ -z "$TARGET" ]; then
-  TARGET=$("$MAKE_PYTHON" -c 'from draftsmith.target_setup import resolve_target; print(resolve_target("embedded:smollm2-135m-instruct"))')
+  TARGET=$("$MAKE_PYTHON" -c 'from draftsmith.core.target_setup import resolve_target; print(resolve_target("embedded:smollm2-135m-instruct"))')
 fi
 shift || true
 DRAFTS=("$@")

@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_train_check.sh --smoke            # CPU, gloo, toy widths (what CI's smoke test runs)
 #
 # The driver (benchmarks/_gpu_train_check.py) needs only torch, transformers, safetensors, fsspec, PyYAML
-# and pydantic (drafters.training + draftsmith.config; no Prefect, no vLLM). If pydantic cannot be imported
+# and pydantic (draftsmith.drafters.training + draftsmith.core.config; no Prefect, no vLLM). If pydantic cannot be imported
 # and the repository's `.whl/` folder holds its wheels (pydantic, pydantic-core, annotated-types,
 # typing-inspection, typing-extensions; ~2.8 MB), they are installed into a scratch folder first. Prints one
 # line per check and case, a markdown table and a JSON line; exit status 1 if anything failed or was skipped

@@ -21,14 +21,14 @@ import torch
 
 from benchmarks._mooncake_bw import mooncake_vs_memcpy
 from benchmarks._timing import best_of
-from draftsmith import storage
-from draftsmith.config import load_recipe
-from engines import hf
-from engines.hidden_capture import HFCapture
+from draftsmith.core import storage
+from draftsmith.core.config import load_recipe
+from draftsmith.engines import hf
+from draftsmith.engines.hidden_capture import HFCapture
+from draftsmith.transport.offline_reader import OfflineDataset, PrefetchLoader
+from draftsmith.transport.offline_store import StoreInfo, write_store
+from draftsmith.transport.sample import HiddenSample, StoreCodec
 from tests.s3_weed import weed_s3
-from transport.offline_reader import OfflineDataset, PrefetchLoader
-from transport.offline_store import StoreInfo, write_store
-from transport.sample import HiddenSample, StoreCodec
 
 RECIPE = Path(__file__).resolve().parents[1] / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
 
@@ -66,7 +66,7 @@ def capture_engines(num_samples: int = 64) -> dict[str, float]:
     """HF capture vs vLLM capture (`hidden_states.engine: vllm`) on the same sequences, one batch budget."""
     import time
 
-    from engines.hidden_capture import VLLMCapture
+    from draftsmith.engines.hidden_capture import VLLMCapture
 
     cfg = load_recipe(RECIPE)
     g = torch.Generator().manual_seed(1)

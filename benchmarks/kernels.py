@@ -4,7 +4,7 @@ The EAGLE-3 form (soft cross-entropy against the target's distribution made from
 head), forward + backward, T = 2048 rows, H = 128 (moderate so the run stays under ~2 minutes on 2 cores;
 the `[T, V]` buffers that decide the figure do not depend on H), V = 49152 (SmolLM2) and 163840 (Kimi K3).
 Naive: `head_loss_reference(chunk_rows=None)`, all `[T, V]` logits alive through backward. Chunked: the
-default row chunks (`kernels.head_loss.chunk_rows_for`, what CPU training runs), each checkpointed.
+default row chunks (`draftsmith.kernels.head_loss.chunk_rows_for`, what CPU training runs), each checkpointed.
 
 Each case runs in its own process; its peak is the rise of the resident set's high-water mark (VmHWM, reset
 through /proc/self/clear_refs once the inputs exist) over the resident set before the loss.
@@ -34,8 +34,8 @@ def _status_kib(field: str) -> int:
 
 def run_case(case: str, V: int) -> dict:
     """One forward + backward in this process: its peak memory rise (MiB) and time (s)."""
-    from kernels.head_loss import Target, chunk_rows_for, head_loss_reference
-    from kernels.head_loss.spec import row_weights
+    from draftsmith.kernels.head_loss import Target, chunk_rows_for, head_loss_reference
+    from draftsmith.kernels.head_loss.spec import row_weights
 
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(0)

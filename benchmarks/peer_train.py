@@ -66,9 +66,9 @@ def write_inputs(path: Path, recipe, taps: list[int], seq: int, draft_vocab: int
     """One synthetic sample (`benchmarks._train_data.SampleMaker`), its loss-token counts and, for a pruned
     vocabulary, the peer's t2d/d2t built from those counts."""
     from benchmarks._train_data import SampleMaker, loss_counts
-    from drafters import vocab
-    from drafters.export import bundle
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
+    from draftsmith.drafters import vocab
+    from draftsmith.drafters.export import bundle
 
     embed, _ = bundle.target_weights(resolve_target(recipe.target.source))
     s = SampleMaker(embed, len(taps), seed=0).sample("s0", seq)
@@ -116,8 +116,8 @@ def compare(name: str, fam: dict, job: dict, folder: Path, rounds: int, timeout:
 
 
 def run(*, quick: bool, anchors: int, rounds: int, steps: int, warmup: int, threads: int, only: str | None) -> dict:
-    from draftsmith.config import load_recipe
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.config import load_recipe
+    from draftsmith.core.target_setup import resolve_target
 
     recipe_path = RECIPES / ("tiny-cpu.yaml" if quick else "smollm2-cpu-eagle3.yaml")
     recipe = load_recipe(recipe_path)

@@ -20,10 +20,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # 128 sequences of up to ~600 tokens need ~3.5 GiB of fp32 KV cache; less would make vLLM preempt.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 
-from draftsmith.config import load_recipe  # noqa: E402
-from draftsmith.target_setup import resolve_target  # noqa: E402
-from engines.base import ChatRequest, Completion, SamplingParams, TargetEngine  # noqa: E402
-from tasks.prompt_pool import synthetic_pool  # noqa: E402
+from draftsmith.core.config import load_recipe  # noqa: E402
+from draftsmith.core.target_setup import resolve_target  # noqa: E402
+from draftsmith.engines.base import ChatRequest, Completion, SamplingParams, TargetEngine  # noqa: E402
+from draftsmith.tasks.prompt_pool import synthetic_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
@@ -56,7 +56,7 @@ def timed(
 
 
 def run_hf(requests: list[ChatRequest], params: SamplingParams) -> tuple[dict[str, tuple[float, int]], list[str]]:
-    from engines.hf import HFEngine
+    from draftsmith.engines.hf import HFEngine
 
     target = load_recipe(RECIPE).target
     rows: dict[str, tuple[float, int]] = {}
@@ -74,7 +74,7 @@ def run_hf(requests: list[ChatRequest], params: SamplingParams) -> tuple[dict[st
 
 
 def run_vllm(requests: list[ChatRequest], params: SamplingParams) -> tuple[dict[str, tuple[float, int]], list[str]]:
-    from engines.vllm_offline import VLLMOfflineEngine
+    from draftsmith.engines.vllm_offline import VLLMOfflineEngine
 
     model = str(resolve_target("embedded:smollm2-135m-instruct"))
     rows: dict[str, tuple[float, int]] = {}

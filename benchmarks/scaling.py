@@ -28,16 +28,16 @@ from pathlib import Path
 import yaml
 
 from benchmarks import _scaling_fit as fit
-from draftsmith import storage
-from draftsmith.config import PipelineConfig, load_recipe, record_recipe
-from draftsmith.manifest import StageManifest, file_entry
-from draftsmith.stage import StageResult, run_stage, stage_key
-from tasks.evaluate import evaluate, read_results
-from tasks.hidden_states import capture_hidden_states
-from tasks.regenerate import read_conversations, regenerate
-from tasks.select_prompts import select_prompts
-from tasks.tokenization import tokenize
-from tasks.train import train
+from draftsmith.core import storage
+from draftsmith.core.config import PipelineConfig, load_recipe, record_recipe
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.core.stage import StageResult, run_stage, stage_key
+from draftsmith.tasks.evaluate import evaluate, read_results
+from draftsmith.tasks.hidden_states import capture_hidden_states
+from draftsmith.tasks.regenerate import read_conversations, regenerate
+from draftsmith.tasks.select_prompts import select_prompts
+from draftsmith.tasks.tokenization import tokenize
+from draftsmith.tasks.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_TEMPLATE = str(ROOT / "deployments" / "recipes" / "smollm2-cpu-{kind}.yaml")

@@ -34,7 +34,7 @@ WORDS = (
 
 def conversations(n: int, seed: int = 0) -> list[dict]:
     """Synthetic prompts with fake assistant answers of 150-700 characters, multi-turn where the pool is."""
-    from tasks.prompt_pool import synthetic_pool
+    from draftsmith.tasks.prompt_pool import synthetic_pool
 
     rng = random.Random(seed)
     rows = []
@@ -48,8 +48,8 @@ def conversations(n: int, seed: int = 0) -> list[dict]:
 
 
 def write_corpus(rows: list[dict], folder: str, shard_rows: int = 1000):
-    from draftsmith import storage
-    from draftsmith.manifest import FileEntry, StageManifest
+    from draftsmith.core import storage
+    from draftsmith.core.manifest import FileEntry, StageManifest
 
     files = []
     for k in range(0, len(rows), shard_rows):
@@ -78,7 +78,7 @@ def _naive_job(messages: list[dict]):
     """The first version's worker: renders per call, one conversation, tensors back."""
     import torch
 
-    from tasks.token_encode import encode
+    from draftsmith.tasks.token_encode import encode
 
     e = encode(_NAIVE_TOK, messages, max_length=4096, last_turn_only=False)
     return torch.from_numpy(e.input_ids.copy()), torch.from_numpy(e.loss_mask.copy())
@@ -87,7 +87,7 @@ def _naive_job(messages: list[dict]):
 def naive(manifest, tok_path: str, workers: int) -> float:
     import torch.multiprocessing
 
-    from draftsmith import storage
+    from draftsmith.core import storage
 
     torch.multiprocessing.set_sharing_strategy("file_system")
     start = time.perf_counter()
@@ -109,9 +109,9 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from draftsmith.config import TargetConfig, TokenizeConfig
-    from draftsmith.target_setup import resolve_target
-    from tasks.tokenization import tokenize
+    from draftsmith.core.config import TargetConfig, TokenizeConfig
+    from draftsmith.core.target_setup import resolve_target
+    from draftsmith.tasks.tokenization import tokenize
 
     target = TargetConfig(
         name="smollm2",

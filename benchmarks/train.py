@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from drafters.training import flops, plan
-from draftsmith.config import load_recipe
+from draftsmith.core.config import load_recipe
+from draftsmith.drafters.training import flops, plan
 
 RECIPE = Path(__file__).resolve().parents[1] / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
 GOAL_SHARE, BASELINE_SHARE = 0.05, 0.40

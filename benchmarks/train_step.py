@@ -12,7 +12,7 @@ per-sample argmax cache before every step (a sample's first visit) and `new froz
 `freeze_lm_head`. Every variant trains its own copy of one initial model; the variants run in turn within each
 round, so machine load hits all of them alike. tokens/s is the median over rounds; GFLOP per step is
 FlopCounterMode's forward + backward count
-(`drafters.training.flops.flop_counter`: torch's CPU flash attention counted like SDPA).
+(`draftsmith.drafters.training.flops.flop_counter`: torch's CPU flash attention counted like SDPA).
 
 `python -m benchmarks.train_step [--rounds 5] [--only eagle3-ttt3,dflash] [--quick]` (quick: toy sizes, a smoke
 test, figures not meaningful).
@@ -28,15 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
-from drafters import vocab
-from drafters.dflash.loss import dflash_objective
-from drafters.dflash.model import DFlashDrafter
-from drafters.dflash.spec import DFlashSpec
-from drafters.eagle3 import chain_attention, family
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.training import flops
-from draftsmith.config import Eagle3Config
+from draftsmith import kernels
+from draftsmith.core.config import Eagle3Config
+from draftsmith.drafters import vocab
+from draftsmith.drafters.dflash.loss import dflash_objective
+from draftsmith.drafters.dflash.model import DFlashDrafter
+from draftsmith.drafters.dflash.spec import DFlashSpec
+from draftsmith.drafters.eagle3 import chain_attention, family
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.training import flops
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Variant:
 def reference_step() -> Iterator[None]:
     """Plain-autograd head losses and the full-softmax TTT attention, as the trainer ran before."""
     real = chain_attention.chain_attention
-    from drafters.eagle3 import model as eagle3_model
+    from draftsmith.drafters.eagle3 import model as eagle3_model
 
     eagle3_model.chain_attention = chain_attention.chain_attention_reference
     try:
@@ -168,7 +168,7 @@ def dflash_variants(sh: Shapes) -> list[Variant]:
 
 
 def dspark_variants(sh: Shapes) -> list[Variant]:
-    from drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective
+    from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective
 
     g = torch.Generator().manual_seed(2)
     spec = DSparkSpec(hidden_size=sh.H, target_hidden_size=sh.H, num_taps=5, num_layers=5, num_heads=sh.heads,

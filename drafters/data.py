@@ -7,17 +7,17 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from drafters.training.plan import EpochPlan, MicroBatch
-from draftsmith.manifest import StageManifest
-from transport.offline_reader import OfflineDataset
-from transport.sample import HiddenSample
+from draftsmith.core.manifest import StageManifest
+from draftsmith.drafters.training.plan import EpochPlan, MicroBatch
+from draftsmith.transport.offline_reader import OfflineDataset
+from draftsmith.transport.sample import HiddenSample
 
 # The trainer reads the samples the store or the stream decode; one type, so their sources stay interchangeable.
 TrainSample = HiddenSample
 
 
 def hidden_dataset(hidden: StageManifest) -> OfflineDataset:
-    """The offline store the hidden-state stage wrote (ranged/mmap reads; see `transport.offline_reader`)."""
+    """The offline store the hidden-state stage wrote (ranged/mmap reads; see `draftsmith.transport.offline_reader`)."""
     return OfflineDataset(hidden.uri)
 
 
@@ -56,7 +56,7 @@ def stream_steps(
 ) -> Iterator[tuple[int, tuple[MicroBatch, ...], list[list[TrainSample]]]]:
     """Optimizer steps from a stream: every `window` arrivals are planned like an epoch of the offline store.
 
-    `plan(lengths, k)` plans window `k` (`drafters.training.plan.plan_epoch` with epoch `k`); yields
+    `plan(lengths, k)` plans window `k` (`draftsmith.drafters.training.plan.plan_epoch` with epoch `k`); yields
     `(k, micro-batches, their samples)` per step. Memory stays at one window of samples; the plan depends only
     on the lengths, so `count_stream_steps` knows the step count before the first sample arrives, and a
     window holding a whole epoch in store order is planned exactly as the offline store's epoch is.

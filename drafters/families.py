@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from drafters.layers import RopeScaling
-from draftsmith.config import TargetConfig
+from draftsmith.core.config import TargetConfig
+from draftsmith.drafters.layers import RopeScaling
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,9 @@ class BuildInputs:
 #   proposer(model, g) -> Proposer                  one row's drafting state, for batched decoding
 #   code_modules() -> [modules]                     whose source keys the train/evaluate caches
 FAMILIES = {
-    "eagle3": "drafters.eagle3.family",
-    "dflash2": "drafters.dflash.family",
-    "dspark": "drafters.dspark.family",
+    "eagle3": "draftsmith.drafters.eagle3.family",
+    "dflash2": "draftsmith.drafters.dflash.family",
+    "dspark": "draftsmith.drafters.dspark.family",
 }
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels import HeadLossOut, Target, head_loss, rms_norm
+from draftsmith.kernels import HeadLossOut, Target, head_loss, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -34,8 +34,8 @@ def multi_rms_norm(norms: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class HeadLossCall:
-    """Keyword arguments of `kernels.head_loss` besides the rows and the weight. A dataclass, not a dict, so
-    that FSDP's forward-input cast leaves the fp32 row weights alone (see `kernels.head_loss.head_loss`)."""
+    """Keyword arguments of `draftsmith.kernels.head_loss` besides the rows and the weight. A dataclass, not a dict, so
+    that FSDP's forward-input cast leaves the fp32 row weights alone (see `draftsmith.kernels.head_loss.head_loss`)."""
 
     target: Target | None = None
     labels: torch.Tensor | None = None
@@ -56,12 +56,12 @@ class OutputHead(nn.Linear):
         super().__init__(in_features, out_features, bias=False)
 
     def fused_loss(self, x_nD: torch.Tensor, call: HeadLossCall) -> HeadLossOut:
-        """`kernels.head_loss(x, self.weight, ...)` on rows `[n, D]` (already through the final norm)."""
+        """`draftsmith.kernels.head_loss(x, self.weight, ...)` on rows `[n, D]` (already through the final norm)."""
         return apply_head_loss(x_nD, self.weight, call)
 
 
 def apply_head_loss(x_nD: torch.Tensor, weight_VD: torch.Tensor, call: HeadLossCall) -> HeadLossOut:
-    """`kernels.head_loss` of rows `[n, D]` against `weight_VD` `[V, D]` with the terms `call` names."""
+    """`draftsmith.kernels.head_loss` of rows `[n, D]` against `weight_VD` `[V, D]` with the terms `call` names."""
     return head_loss(
         x_nD,
         weight_VD,

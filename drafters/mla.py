@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from drafters.layers import RMSNorm, RopeScaling, _yarn_mscale, apply_rope, rope_tables
+from draftsmith.drafters.layers import RMSNorm, RopeScaling, _yarn_mscale, apply_rope, rope_tables
 
 
 @dataclass(frozen=True)

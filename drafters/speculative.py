@@ -3,7 +3,7 @@
 A family supplies a `Proposer` (its drafter and caches); this loop owns the target. Each round: the
 proposer drafts g tokens (greedy at temperature 0, else sampled, keeping the distributions q they were
 sampled from), an optional truncation shortens the draft (DSpark's dynamic verification), the target
-scores `[last token, drafts]` in one forward, a rule from `drafters.verify` decides what is emitted, the
+scores `[last token, drafts]` in one forward, a rule from `draftsmith.drafters.verify` decides what is emitted, the
 target cache is cropped to the verified length and the proposer extends its context with the verified
 positions' taps. Greedy verification reproduces plain greedy decoding exactly; the sampling rules
 reproduce the target's sampling distribution (tested in `tests/unit/test_verify.py`).
@@ -19,8 +19,8 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from drafters.verify import Sampling, greedy_verify, verify, warp
-from engines.hf import TapRecorder
+from draftsmith.drafters.verify import Sampling, greedy_verify, verify, warp
+from draftsmith.engines.hf import TapRecorder
 
 
 @dataclass(frozen=True)

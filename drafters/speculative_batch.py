@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from drafters.speculative import GREEDY, Decoded, Draft, Proposer, Truncate, _stop, draw, is_greedy
-from drafters.verify import Sampling, greedy_verify, verify, warp
-from engines.hf import TapRecorder
+from draftsmith.drafters.speculative import GREEDY, Decoded, Draft, Proposer, Truncate, _stop, draw, is_greedy
+from draftsmith.drafters.verify import Sampling, greedy_verify, verify, warp
+from draftsmith.engines.hf import TapRecorder
 
 
 class BatchTarget:

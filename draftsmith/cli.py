@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from draftsmith import cli_baseline, cli_deploy, cli_eval, cli_speedup
-from draftsmith.config import PipelineConfig, RecipeError, load_recipe, note_overrides
-from draftsmith.redact import install_log_redaction, redact
+from draftsmith.core.config import PipelineConfig, RecipeError, load_recipe, note_overrides
+from draftsmith.core.redact import install_log_redaction, redact
 
 # Prefect gives its temporary server 20 s to start; on a loaded machine that is too short.
 EPHEMERAL_STARTUP_TIMEOUT_S = "120"
@@ -27,7 +27,7 @@ _EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect
 
 def _env_defaults() -> None:
     """Offline, no telemetry, and a Prefect home of the project's own unless the user set one."""
-    from draftsmith.target_setup import cache_root
+    from draftsmith.core.target_setup import cache_root
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -61,7 +61,7 @@ def _load(args: argparse.Namespace) -> PipelineConfig:
 
 
 def cmd_setup_target(args: argparse.Namespace) -> int:
-    from draftsmith.target_setup import ensure_smollm2, ensure_tiny_target
+    from draftsmith.core.target_setup import ensure_smollm2, ensure_tiny_target
 
     print(f"embedded target: {ensure_smollm2()}")
     print(f"tiny test target: {ensure_tiny_target()}")
@@ -69,8 +69,8 @@ def cmd_setup_target(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from draftsmith.flows.pipeline import default_run_dir
     from draftsmith.plan import render_plan
-    from flows.pipeline import default_run_dir
 
     cfg = _load(args)
     print(render_plan(cfg, args.run_dir or default_run_dir(cfg)))
@@ -92,8 +92,8 @@ def _stage_table(manifests: dict, started: datetime) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flows.pipeline import default_run_dir, kimi_k3
-    from tasks.evaluate import format_table, read_results
+    from draftsmith.flows.pipeline import default_run_dir, kimi_k3
+    from draftsmith.tasks.evaluate import format_table, read_results
 
     cfg = _load(args)
     run_dir = args.run_dir or default_run_dir(cfg)
@@ -118,8 +118,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_failure(err: Exception) -> tuple[str, int]:
     """One line for a run that failed, and its exit code: 2 when a stage refused its input, else 1."""
-    from draftsmith.runlock import RunFolderBusy
-    from flows.pipeline import failed_stage
+    from draftsmith.core.runlock import RunFolderBusy
+    from draftsmith.flows.pipeline import failed_stage
 
     text = redact(str(err)).strip()
     if _EPHEMERAL_TIMEOUT in text:
@@ -157,8 +157,8 @@ class _NoTraceback(logging.Formatter):
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from drafters.export.bundle import export_run
-    from drafters.export.guards import ExportError
+    from draftsmith.drafters.export.bundle import export_run
+    from draftsmith.drafters.export.guards import ExportError
 
     try:
         platform = None if args.platform == "auto" else args.platform

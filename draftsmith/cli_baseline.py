@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith.config import NightlyConfig
+from draftsmith.core.config import NightlyConfig
 
 
 def _config(args: argparse.Namespace) -> NightlyConfig:
@@ -37,11 +37,11 @@ def _config(args: argparse.Namespace) -> NightlyConfig:
 
 def _run_folder(cfg: NightlyConfig, source: str | None) -> tuple[NightlyConfig, str]:
     """The folder holding `nightly-<drafter>/` runs: `--from`, or a nightly run made now."""
-    from draftsmith import storage
+    from draftsmith.core import storage
 
     if source:
         return cfg, source
-    from flows.nightly import nightly_regression
+    from draftsmith.flows.nightly import nightly_regression
 
     name = cfg.run_name or datetime.now(UTC).strftime("baseline-%Y%m%dT%H%M%SZ")
     cfg = NightlyConfig.model_validate(cfg.model_dump() | {"run_name": name})
@@ -51,8 +51,8 @@ def _run_folder(cfg: NightlyConfig, source: str | None) -> tuple[NightlyConfig, 
 
 
 def cmd_baseline_update(args: argparse.Namespace) -> int:
-    from draftsmith import storage
-    from tasks import regression
+    from draftsmith.core import storage
+    from draftsmith.tasks import regression
 
     try:
         cfg = _config(args)

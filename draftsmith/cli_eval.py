@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from draftsmith.config import PipelineConfig, load_recipe
+from draftsmith.core.config import PipelineConfig, load_recipe
 
 
 def _recipe_for(checkpoint: str, recipe: str | None) -> PipelineConfig:
@@ -43,9 +43,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from draftsmith.stage import IntegrityError
-    from evals.loaders import parse_bench_arg
-    from tasks.evaluate import evaluate_checkpoint, format_table
+    from draftsmith.core.stage import IntegrityError
+    from draftsmith.evals.loaders import parse_bench_arg
+    from draftsmith.tasks.evaluate import evaluate_checkpoint, format_table
 
     cfg = _recipe_for(args.checkpoint, args.recipe)
     ev = cfg.evaluate.model_dump()
@@ -75,9 +75,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from draftsmith.target_setup import resolve_target
-    from evals import plots
-    from evals.sweep import SweepConfig, sweep_server
+    from draftsmith.core.target_setup import resolve_target
+    from draftsmith.evals import plots
+    from draftsmith.evals.sweep import SweepConfig, sweep_server
 
     cfg = _recipe_for(args.draft, args.recipe)
     levels = tuple(int(c) for c in args.concurrency.split(","))

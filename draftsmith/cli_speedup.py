@@ -1,4 +1,4 @@
-"""`draftsmith speedup RUN`: a finished run's drafter in vLLM, speculation off against on (`evals.speedup`).
+"""`draftsmith speedup RUN`: a finished run's drafter in vLLM, speculation off against on (`draftsmith.evals.speedup`).
 
 It exports the run's drafter, serves the target twice, sends the prompts of the run's own evaluation (held-out
 prompts and built-in suites, round-robin) to each server in turn, and writes `speedup.json`, `speedup.md` and
@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from draftsmith.config import PipelineConfig, load_recipe
-from draftsmith.config.sweep import SpeedupConfig
+from draftsmith.core.config import PipelineConfig, load_recipe
+from draftsmith.core.config.sweep import SpeedupConfig
 
 RESULT = "speedup.json"
 
@@ -30,7 +30,7 @@ def add_parsers(sub) -> None:
 
 
 def _run_and_recipe(arg: str) -> tuple[Path, PipelineConfig]:
-    from flows.pipeline import default_run_dir
+    from draftsmith.flows.pipeline import default_run_dir
 
     path = Path(arg)
     if path.is_file() and path.suffix in (".yaml", ".yml"):
@@ -57,8 +57,8 @@ def _settings(args: argparse.Namespace) -> SpeedupConfig:
 
 def run_prompts(cfg: PipelineConfig, run_dir: Path, limit: int) -> list[str]:
     """First user turns of the run's evaluation benchmarks, one from each bench in turn, so any prefix spans them."""
-    from draftsmith.stage import load_manifest
-    from tasks.evaluate import benches_for
+    from draftsmith.core.stage import load_manifest
+    from draftsmith.tasks.evaluate import benches_for
 
     benches = benches_for(cfg.evaluate, load_manifest(str(run_dir / "select_prompts")), cfg.seed)
     mixed = itertools.chain.from_iterable(itertools.zip_longest(*benches.values()))
@@ -66,11 +66,11 @@ def run_prompts(cfg: PipelineConfig, run_dir: Path, limit: int) -> list[str]:
 
 
 def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompts: list[str], key: str) -> dict:
-    from drafters.export import engines
-    from drafters.export.bundle import export_run
-    from draftsmith.target_setup import resolve_target
-    from evals import plots
-    from evals.speedup import CPU_SERVE_ARGS, format_table, measure_speedup
+    from draftsmith.core.target_setup import resolve_target
+    from draftsmith.drafters.export import engines
+    from draftsmith.drafters.export.bundle import export_run
+    from draftsmith.evals import plots
+    from draftsmith.evals.speedup import CPU_SERVE_ARGS, format_table, measure_speedup
 
     platform = engines.detect_platform()
     exported = export_run(str(run_dir), "vllm", platform=platform)
@@ -93,7 +93,7 @@ def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompt
 
 
 def cmd_speedup(args: argparse.Namespace) -> int:
-    from evals.speedup import format_table
+    from draftsmith.evals.speedup import format_table
 
     try:
         run_dir, cfg = _run_and_recipe(args.run)

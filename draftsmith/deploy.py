@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from draftsmith.config.base import StrictModel
+from draftsmith.core.config.base import StrictModel
 from draftsmith.pools import (
     WORK_POOLS_DIR,
     gpu_limit_name,

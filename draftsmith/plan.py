@@ -3,12 +3,12 @@
 import logging
 from dataclasses import dataclass
 
-from draftsmith import storage
-from draftsmith.config import PipelineConfig, Resources
-from draftsmith.manifest import StageManifest
-from draftsmith.stage import load_manifest
-from tasks.hidden_states import bytes_per_token
-from transport.sample import StoreCodec
+from draftsmith.core import storage
+from draftsmith.core.config import PipelineConfig, Resources
+from draftsmith.core.manifest import StageManifest
+from draftsmith.core.stage import load_manifest
+from draftsmith.tasks.hidden_states import bytes_per_token
+from draftsmith.transport.sample import StoreCodec
 
 log = logging.getLogger(__name__)
 # A synthetic prompt renders to about this many tokens with the chat template; JSONL corpora vary.

@@ -10,11 +10,15 @@ import importlib
 import os
 from types import ModuleType
 
-from draftsmith.config import RegenerateConfig, TargetConfig
-from draftsmith.target_setup import EMBEDDED_PREFIX, resolve_target
-from engines.base import TargetEngine
+from draftsmith.core.config import RegenerateConfig, TargetConfig
+from draftsmith.core.target_setup import EMBEDDED_PREFIX, resolve_target
+from draftsmith.engines.base import TargetEngine
 
-_MODULES = {"hf": "engines.hf", "openai": "engines.openai_http", "vllm": "engines.vllm_offline"}
+_MODULES = {
+    "hf": "draftsmith.engines.hf",
+    "openai": "draftsmith.engines.openai_http",
+    "vllm": "draftsmith.engines.vllm_offline",
+}
 
 
 def engine_module(cfg: RegenerateConfig) -> ModuleType:

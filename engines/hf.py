@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from draftsmith.config import TargetConfig
-from draftsmith.target_setup import resolve_target
-from engines.base import ChatRequest, Completion, SamplingParams, template_hash
-from engines.taps import validate_taps
+from draftsmith.core.config import TargetConfig
+from draftsmith.core.target_setup import resolve_target
+from draftsmith.engines.base import ChatRequest, Completion, SamplingParams, template_hash
+from draftsmith.engines.taps import validate_taps
 
 log = logging.getLogger(__name__)
 

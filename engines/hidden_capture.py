@@ -1,6 +1,6 @@
 """Capture engines for the hidden-state stage: token samples in, `HiddenSample`s out, in input order.
 
-Both engines follow `engines.taps` (tap k = output of decoder layer k counting from 1) and the recipe's
+Both engines follow `draftsmith.engines.taps` (tap k = output of decoder layer k counting from 1) and the recipe's
 capture points; the offline store and the Mooncake producer take their samples from here alike.
 Shape legend: S sequence, N taps, H target width.
 """
@@ -10,11 +10,11 @@ from typing import Protocol
 
 import torch
 
-from draftsmith import target_setup
-from draftsmith.batching import group_by_length
-from draftsmith.config import HiddenStatesConfig, TargetConfig
-from engines import hf
-from transport.sample import HiddenSample
+from draftsmith.core import target_setup
+from draftsmith.core.batching import group_by_length
+from draftsmith.core.config import HiddenStatesConfig, TargetConfig
+from draftsmith.engines import hf
+from draftsmith.transport.sample import HiddenSample
 
 
 class HiddenCapture(Protocol):
@@ -79,7 +79,7 @@ class VLLMCapture:
     """vLLM's `extract_hidden_states` (in-process on GPU images, else a worker in `.venv-vllm`)."""
 
     def __init__(self, cfg: HiddenStatesConfig, target: TargetConfig, *, seed: int = 0):
-        from engines.vllm_hidden import VLLMHiddenStates
+        from draftsmith.engines.vllm_hidden import VLLMHiddenStates
 
         folder = target_setup.resolve_target(target.source)
         kwargs = dict(cfg.vllm.engine_kwargs)

@@ -5,7 +5,7 @@ server errors (5xx), dropped connections and timeouts are retried with exponenti
 waiting at least as long as a `Retry-After` header asks; any other 4xx is a permanent error. After the
 last retry a transient failure surfaces as `EngineUnavailableError`, a `ConnectionError`, so the stage
 task's own transient-only retry policy applies. The API key is sent as a Bearer token and appears in no
-log line, error message or `describe()`: error bodies are redacted (`draftsmith.redact`), since a server
+log line, error message or `describe()`: error bodies are redacted (`draftsmith.core.redact`), since a server
 may echo the request's headers back.
 """
 
@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from draftsmith.redact import redact, register_secret
-from engines.base import ChatRequest, Completion, SamplingParams
+from draftsmith.core.redact import redact, register_secret
+from draftsmith.engines.base import ChatRequest, Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from engines import vllm_hidden_worker, vllm_worker
-from engines.vllm_offline import VLLMHandle, _Worker, worker_python
+from draftsmith.engines import vllm_hidden_worker, vllm_worker
+from draftsmith.engines.vllm_offline import VLLMHandle, _Worker, worker_python
 
 log = logging.getLogger(__name__)
 

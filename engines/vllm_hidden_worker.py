@@ -1,7 +1,7 @@
 """vLLM target hidden-state capture: the shared core, and a JSON-lines worker that runs inside a vLLM venv.
 
 Like `vllm_worker.py`, this imports only the standard library and vLLM (lazily), never draftsmith, so it
-runs as a script under `.venv-vllm/bin/python`; `engines.vllm_hidden` imports the same functions when vLLM
+runs as a script under `.venv-vllm/bin/python`; `draftsmith.engines.vllm_hidden` imports the same functions when vLLM
 lives in the main environment.
 
 vLLM's `extract_hidden_states` speculative method caches the residual stream at the aux layer ids in a

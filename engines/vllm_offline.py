@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from draftsmith import procs
-from engines import vllm_worker
-from engines.base import ChatRequest, Completion, SamplingParams, template_hash
+from draftsmith.core import procs
+from draftsmith.engines import vllm_worker
+from draftsmith.engines.base import ChatRequest, Completion, SamplingParams, template_hash
 
 log = logging.getLogger(__name__)
 

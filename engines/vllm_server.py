@@ -22,9 +22,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftsmith import procs
-from engines.vllm_offline import default_vllm_python, log_tail, stop_process
-from engines.vllm_worker import VLLM_ENV_DEFAULTS
+from draftsmith.core import procs
+from draftsmith.engines.vllm_offline import default_vllm_python, log_tail, stop_process
+from draftsmith.engines.vllm_worker import VLLM_ENV_DEFAULTS
 
 log = logging.getLogger(__name__)
 

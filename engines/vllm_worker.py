@@ -2,7 +2,7 @@
 
 This module imports only the standard library and vLLM (lazily), never draftsmith: it runs as a script
 under the interpreter of a separate vLLM environment (`.venv-vllm` on CPU machines), where draftsmith is
-not installed. `engines.vllm_offline` imports the same functions when vLLM lives in the main environment.
+not installed. `draftsmith.engines.vllm_offline` imports the same functions when vLLM lives in the main environment.
 
 Protocol (one JSON object per line). The worker is started as `python vllm_worker.py CONFIG_JSON`, where
 CONFIG_JSON is `{"model", "max_model_len", "seed", "engine_kwargs"}`. Once the engine is up it writes

@@ -11,11 +11,11 @@ import functools
 
 import torch
 
-from drafters.dspark import calibration as cal
-from drafters.verify import Sampling
-from draftsmith.progress import Progress
-from evals import harness, suites
-from evals.records import BenchPrompt
+from draftsmith.core.progress import Progress
+from draftsmith.drafters.dspark import calibration as cal
+from draftsmith.drafters.verify import Sampling
+from draftsmith.evals import harness, suites
+from draftsmith.evals.records import BenchPrompt
 
 
 def _records(rows: list[dict]) -> list[cal.ConfidenceRecord]:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from drafters.speculative import Decoded, Proposer, Truncate, plain_decode
-from drafters.speculative_batch import plain_decode_batch, speculative_decode_batch
-from drafters.verify import Sampling
-from evals.records import BenchPrompt
+from draftsmith.drafters.speculative import Decoded, Proposer, Truncate, plain_decode
+from draftsmith.drafters.speculative_batch import plain_decode_batch, speculative_decode_batch
+from draftsmith.drafters.verify import Sampling
+from draftsmith.evals.records import BenchPrompt
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ Generate = Callable[..., Decoded]  # family.generate bound to (target, drafter, 
 @dataclass(frozen=True)
 class Decoder:
     """How one drafter decodes: `one(prompt_S, ...)` at batch 1 (the reference loop) and, for batches,
-    `proposer()`: a fresh per-row drafting state for `drafters.speculative_batch`."""
+    `proposer()`: a fresh per-row drafting state for `draftsmith.drafters.speculative_batch`."""
 
     one: Generate
     taps: list[int]

@@ -28,9 +28,9 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from draftsmith import storage
-from evals.records import BenchPrompt
-from tasks.prompt_sources import _Bad, jsonl_rows, parquet_rows
+from draftsmith.core import storage
+from draftsmith.evals.records import BenchPrompt
+from draftsmith.tasks.prompt_sources import _Bad, jsonl_rows, parquet_rows
 
 FORMATS: tuple[str, ...] = ("mtbench", "speedbench", "gsm8k", "math500", "humaneval", "mbpp")
 HUMANEVAL_TEMPLATE = (

@@ -160,7 +160,7 @@ def throughput_vs_concurrency(sweeps: list[dict], path: str | Path) -> bytes:
 
 def speedup_bars(result: dict, path: str | Path) -> bytes:
     """Tokens/s with speculation off and on at each concurrency level (bars: mean of the rounds; ticks: each
-    round), labelled with the speed-up and vLLM's acceptance length. `result` is `evals.speedup`'s dict."""
+    round), labelled with the speed-up and vLLM's acceptance length. `result` is `draftsmith.evals.speedup`'s dict."""
     levels = result.get("levels") or []
     if not levels:
         raise ValueError("speed-up result has no levels")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from evals.plots import require, series_label
+from draftsmith.evals.plots import require, series_label
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _KEY = re.compile(r"^[a-z0-9-]+$")  # Prefect's rule for artifact keys

@@ -5,7 +5,7 @@
 Two servers of the same target run side by side on loopback, one plain and one with the drafter's
 `--speculative-config` (the one `draftsmith export` prints). Each timed run sends the same requests (greedy,
 fixed output length) and the runs alternate off, on, off, on at each concurrency level, so a change of machine
-load during the measurement hits both sides alike. One `vllm bench serve` driver (`evals.sweep_bench`) runs
+load during the measurement hits both sides alike. One `vllm bench serve` driver (`draftsmith.evals.sweep_bench`) runs
 every timed run, importing vLLM once. Per run it records output tokens/s, latencies, the generated texts and
 the speculating server's own spec-decode counters for exactly that run's requests.
 
@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from draftsmith.config.sweep import SpeedupConfig, SweepConfig
-from draftsmith.progress import Progress
-from evals.sweep import speculative_args
-from evals.sweep_bench import (
+from draftsmith.core.config.sweep import SpeedupConfig, SweepConfig
+from draftsmith.core.progress import Progress
+from draftsmith.evals.sweep import speculative_args
+from draftsmith.evals.sweep_bench import (
     DRIVER,
     LevelResult,
     SpecDecode,
@@ -130,8 +130,8 @@ def measure_speedup(
     Returns: `{"config", "speculative_args", "levels": [per-level dicts, see `summarise`], "server_counters"}`;
     `server_counters` are the speculating server's lifetime counters (warm-up included).
     """
-    from engines.vllm_offline import default_vllm_python
-    from engines.vllm_server import VLLMServer
+    from draftsmith.engines.vllm_offline import default_vllm_python
+    from draftsmith.engines.vllm_server import VLLMServer
 
     if not prompts or any(not p.strip() for p in prompts):
         raise ValueError("prompts: need at least one non-empty prompt")

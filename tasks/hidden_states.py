@@ -1,7 +1,7 @@
 """Stage 4: a target forward over every tokenized sample, capturing the configured taps into the offline store.
 
-Tap k is the residual stream after decoder layer k, counting from 1 (`engines.taps`). The last hidden state
-is captured after the final norm unless the recipe says `pre_norm`. The store (`transport.offline_store`)
+Tap k is the residual stream after decoder layer k, counting from 1 (`draftsmith.engines.taps`). The last hidden state
+is captured after the final norm unless the recipe says `pre_norm`. The store (`draftsmith.transport.offline_store`)
 holds `shard_samples` samples per safetensors shard, commits each shard only once it is whole, and resumes
 after the last committed shard; `dataset.json` records taps, capture points, codec, target and tokenizer.
 """
@@ -11,19 +11,19 @@ import logging
 import sys
 from collections.abc import Iterator
 
-from draftsmith import storage
-from draftsmith.caching import stage_task
-from draftsmith.config import HiddenStatesConfig, TargetConfig
-from draftsmith.manifest import FileEntry, StageManifest, entry
+from draftsmith.core import storage
+from draftsmith.core.caching import stage_task
+from draftsmith.core.config import HiddenStatesConfig, TargetConfig
+from draftsmith.core.manifest import FileEntry, StageManifest, entry
+from draftsmith.core.progress import stage_progress
+from draftsmith.core.stage import StageResult, load_manifest, run_stage, stage_key
+from draftsmith.engines import hidden_capture
+from draftsmith.engines.taps import TAP_CONVENTION
 from draftsmith.pools import gpu_slots
-from draftsmith.progress import stage_progress
-from draftsmith.stage import StageResult, load_manifest, run_stage, stage_key
-from engines import hidden_capture
-from engines.taps import TAP_CONVENTION
-from tasks.tokenization import read_token_shard
-from transport import offline_store
-from transport.offline_store import ShardWriter, StoreInfo
-from transport.sample import StoreCodec
+from draftsmith.tasks.tokenization import read_token_shard
+from draftsmith.transport import offline_store
+from draftsmith.transport.offline_store import ShardWriter, StoreInfo
+from draftsmith.transport.sample import StoreCodec
 
 log = logging.getLogger(__name__)
 STAGE = "hidden_states"
@@ -62,7 +62,7 @@ def token_samples(tokens: StageManifest) -> Iterator[dict]:
 
 
 def hidden_states_key(cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest) -> str:
-    """The stage key (`draftsmith.stage.stage_key`): config, target and the token shards."""
+    """The stage key (`draftsmith.core.stage.stage_key`): config, target and the token shards."""
     return stage_key(STAGE, [sys.modules[__name__]], cfg=cfg, target=target, tokens=tokens)
 
 

@@ -1,8 +1,8 @@
 """Online hidden states: producers capture samples and put them into Mooncake; the trainer reads the stream.
 
 A producer (`produce`) runs the recipe's capture engine over its share of the tokenized samples (every
-n-th), once per epoch, and puts each sample through `transport.mooncake_stream.MooncakeProducer`. It runs
-as `python -m tasks.hidden_stream --spec FILE` (the training stage starts it so on one node) or inside the
+n-th), once per epoch, and puts each sample through `draftsmith.transport.mooncake_stream.MooncakeProducer`. It runs
+as `python -m draftsmith.tasks.hidden_stream --spec FILE` (the training stage starts it so on one node) or inside the
 `hidden-states` flow in online mode (external producers on the GPU pool).
 
 `OnlineSource` is the trainer's side: it starts a Mooncake master when the recipe names none, opens the
@@ -24,16 +24,16 @@ from pathlib import Path
 
 from prefect import task
 
-from draftsmith import procs, ui
-from draftsmith.config import HiddenStatesConfig, TargetConfig
-from draftsmith.manifest import StageManifest
+from draftsmith.core import procs, ui
+from draftsmith.core.config import HiddenStatesConfig, TargetConfig
+from draftsmith.core.manifest import StageManifest
+from draftsmith.core.progress import Progress, prefect_sink
+from draftsmith.engines import hidden_capture
 from draftsmith.pools import gpu_slots
-from draftsmith.progress import Progress, prefect_sink
-from engines import hidden_capture
-from tasks.hidden_states import codec_of, token_samples, window_tokens
-from transport.mooncake_store import MooncakeMaster, MooncakeSettings, stop_process
-from transport.mooncake_stream import MasterLost, MooncakeProducer, MooncakeStream, StreamError
-from transport.sample import HiddenSample
+from draftsmith.tasks.hidden_states import codec_of, token_samples, window_tokens
+from draftsmith.transport.mooncake_store import MooncakeMaster, MooncakeSettings, stop_process
+from draftsmith.transport.mooncake_stream import MasterLost, MooncakeProducer, MooncakeStream, StreamError
+from draftsmith.transport.sample import HiddenSample
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class OnlineSource:
         spec_path, log_path = self.dir / f"producer-{index}.json", self.dir / f"producer-{index}.log"
         spec_path.write_text(json.dumps(asdict(spec)))
         with open(log_path, "wb") as fh:
-            cmd = [sys.executable, "-m", "tasks.hidden_stream", "--spec", str(spec_path)]
+            cmd = [sys.executable, "-m", "draftsmith.tasks.hidden_stream", "--spec", str(spec_path)]
             # An orphaned producer would hold its engine (a GPU) until it next talks to the queue; the thread
             # that starts it also stops it in __exit__, so it may arm the death signal.
             proc = subprocess.Popen(
@@ -184,7 +184,7 @@ class OnlineSource:
             stop_process(proc)
         if self.stream is not None:
             # Its store client closes before the master stops; a dead master's is left to the rank's exit,
-            # which skips finalizing (drafters.training.worker) rather than wait out Mooncake's retries.
+            # which skips finalizing (draftsmith.drafters.training.worker) rather than wait out Mooncake's retries.
             self.stream.close(disconnect=not self.master_lost)
         if self.master is not None:
             self.master.stop()
@@ -218,7 +218,9 @@ def stream_hidden_states_task(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tasks.hidden_stream", description="an online hidden-state producer")
+    ap = argparse.ArgumentParser(
+        prog="python -m draftsmith.tasks.hidden_stream", description="an online hidden-state producer"
+    )
     ap.add_argument("--spec", required=True, help="ProducerSpec as a JSON file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

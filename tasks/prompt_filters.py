@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from datasketch import MinHash, MinHashLSH
 
-from tasks.prompt_pool import PromptRecord, dedupe_key
+from draftsmith.tasks.prompt_pool import PromptRecord, dedupe_key
 
 _WORD = re.compile(r"\w+")
 

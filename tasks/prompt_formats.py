@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tasks.prompt_pool import PromptRecord
+from draftsmith.tasks.prompt_pool import PromptRecord
 
 # ShareGPT dumps use many speaker names; these are the ones seen in public corpora.
 _SHAREGPT_ROLES = {

@@ -19,12 +19,12 @@ from typing import Any
 import fsspec
 from pydantic import ValidationError
 
-from draftsmith import storage
-from draftsmith.config.select import PromptSource
-from draftsmith.rejects import Rejects
-from tasks import prompt_pool
-from tasks.prompt_formats import RowError, normalize_row
-from tasks.prompt_pool import PromptRecord, dedupe_key
+from draftsmith.core import storage
+from draftsmith.core.config.select import PromptSource
+from draftsmith.core.rejects import Rejects
+from draftsmith.tasks import prompt_pool
+from draftsmith.tasks.prompt_formats import RowError, normalize_row
+from draftsmith.tasks.prompt_pool import PromptRecord, dedupe_key
 
 
 def read_prompts_jsonl(path: str) -> list[PromptRecord]:

@@ -1,7 +1,7 @@
 """Stage 2: the target answers every training prompt, turn by turn, written as conversation shards.
 
 Drafters learn the target's own distribution, so the responses come from the target rather than from
-the dataset. The stage is engine-agnostic (`engines.factory.make_engine`: hf, openai, vllm).
+the dataset. The stage is engine-agnostic (`draftsmith.engines.factory.make_engine`: hf, openai, vllm).
 
 - Multi-turn: turn k of a prompt is generated after, and conditioned on, the regenerated turns before it.
 - Samples: with `n > 1` the first turn is sampled n times in one request and each sample forks its own
@@ -24,18 +24,18 @@ from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
 
-from draftsmith import storage
-from draftsmith.caching import stage_task
-from draftsmith.config import RegenerateConfig, TargetConfig
-from draftsmith.manifest import FileEntry, StageManifest, entry, file_entry
-from draftsmith.progress import Progress, stage_progress
-from draftsmith.rejects import REJECTED_FILE, Rejects
-from draftsmith.stage import StageResult, run_stage, stage_key
-from draftsmith.target_setup import resolve_target
-from engines import factory
-from engines.base import ChatRequest, Completion, Message, SamplingParams, TargetEngine, template_hash
-from tasks.prompt_pool import PromptRecord
-from tasks.select_prompts import read_prompts
+from draftsmith.core import storage
+from draftsmith.core.caching import stage_task
+from draftsmith.core.config import RegenerateConfig, TargetConfig
+from draftsmith.core.manifest import FileEntry, StageManifest, entry, file_entry
+from draftsmith.core.progress import Progress, stage_progress
+from draftsmith.core.rejects import REJECTED_FILE, Rejects
+from draftsmith.core.stage import StageResult, run_stage, stage_key
+from draftsmith.core.target_setup import resolve_target
+from draftsmith.engines import factory
+from draftsmith.engines.base import ChatRequest, Completion, Message, SamplingParams, TargetEngine, template_hash
+from draftsmith.tasks.prompt_pool import PromptRecord
+from draftsmith.tasks.select_prompts import read_prompts
 
 log = logging.getLogger(__name__)
 STAGE = "regenerate"
@@ -267,7 +267,7 @@ def _key_config(cfg: RegenerateConfig) -> str:
 
 
 def regenerate_key(cfg: RegenerateConfig, target: TargetConfig, prompts: StageManifest, seed: int) -> str:
-    """The stage key (`draftsmith.stage.stage_key`): config (operational fields aside), target, prompts, seed."""
+    """The stage key (`draftsmith.core.stage.stage_key`): config (operational fields aside), target, prompts, seed."""
     code = [sys.modules[__name__], factory.engine_module(cfg)]
     return stage_key(STAGE, code, cfg=_key_config(cfg), target=target, prompts=prompts, seed=seed)
 

@@ -17,10 +17,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
-from draftsmith import storage
-from draftsmith.config import NightlyConfig, PipelineConfig, load_recipe
-from draftsmith.config.base import StrictModel
-from draftsmith.config.nightly import Bands
+from draftsmith.core import storage
+from draftsmith.core.config import NightlyConfig, PipelineConfig, load_recipe
+from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.nightly import Bands
 
 ARTIFACT_KEY = "nightly-regression"
 
@@ -307,7 +307,7 @@ def judge_task(cfg: PipelineConfig, run_dir: str, baseline_dir: str, bands: Band
     return judge(cfg, run_dir, baseline_dir, bands)
 
 
-NIGHT_FOLDER = re.compile(r"^\d{8}T\d{6}Z$")  # what `flows.nightly.nightly_folder` names an unnamed night
+NIGHT_FOLDER = re.compile(r"^\d{8}T\d{6}Z$")  # what `draftsmith.flows.nightly.nightly_folder` names an unnamed night
 
 
 def prune_nights(run_root: str, keep: int) -> list[str]:

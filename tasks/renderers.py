@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engines.base import template_hash
+from draftsmith.engines.base import template_hash
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

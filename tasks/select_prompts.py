@@ -16,16 +16,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from draftsmith import storage
-from draftsmith.caching import stage_task
-from draftsmith.config import RegenerateConfig, SelectConfig, TargetConfig
-from draftsmith.config.select import PromptSource
-from draftsmith.manifest import StageManifest, file_entry
-from draftsmith.progress import Progress
-from draftsmith.rejects import REJECTED_FILE, Rejects
-from draftsmith.stage import StageResult, run_stage, stage_key
-from tasks import prompt_filters, prompt_formats, prompt_sources
-from tasks.prompt_pool import PromptRecord
+from draftsmith.core import storage
+from draftsmith.core.caching import stage_task
+from draftsmith.core.config import RegenerateConfig, SelectConfig, TargetConfig
+from draftsmith.core.config.select import PromptSource
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.core.progress import Progress
+from draftsmith.core.rejects import REJECTED_FILE, Rejects
+from draftsmith.core.stage import StageResult, run_stage, stage_key
+from draftsmith.tasks import prompt_filters, prompt_formats, prompt_sources
+from draftsmith.tasks.prompt_pool import PromptRecord
 
 log = logging.getLogger(__name__)
 STAGE = "select_prompts"
@@ -42,7 +42,7 @@ def read_prompts(manifest: StageManifest, split: str) -> list[PromptRecord]:
 
 
 def _tokenizer_folder(target: TargetConfig) -> Path:
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     return resolve_target(target.source, tokenizer_only=True)
 
@@ -100,7 +100,7 @@ def _benchmark_texts(paths: list[str]) -> tuple[list[str], int]:
 def select_prompts_key(
     cfg: SelectConfig, target: TargetConfig, seed: int, answer_tokens: int = DEFAULT_ANSWER_TOKENS
 ) -> str:
-    """The stage key (`draftsmith.stage.stage_key`): config, seed, the sources' and tokenizer's content,
+    """The stage key (`draftsmith.core.stage.stage_key`): config, seed, the sources' and tokenizer's content,
     and the context bound when `cfg.max_prompt_tokens` is unset."""
     folder = _tokenizer_folder(target)
     context = (_context_tokens(folder), answer_tokens) if cfg.max_prompt_tokens is None else None

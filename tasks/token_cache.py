@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from draftsmith import storage
+from draftsmith.core import storage
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from draftsmith import procs
-from tasks import token_rows
-from tasks.renderers import (
+from draftsmith.core import procs
+from draftsmith.tasks import token_rows
+from draftsmith.tasks.renderers import (
     JinjaTemplateRenderer,
     Renderer,
     Spans,
@@ -31,12 +31,12 @@ from tasks.renderers import (
     spans_fast,
     spans_many,
 )
-from tasks.token_rows import ConversationRow, PretokenizedRow, Rejected
+from draftsmith.tasks.token_rows import ConversationRow, PretokenizedRow, Rejected
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from draftsmith.config import TokenizeConfig
+    from draftsmith.core.config import TokenizeConfig
 
 
 @dataclass(frozen=True)

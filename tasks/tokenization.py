@@ -1,7 +1,7 @@
 """Stage 3: render conversations with the target's chat template and mark assistant tokens for loss.
 
-Rendering and the render-boundary mask live in `tasks.renderers`; row validation in `tasks.token_rows`;
-the per-shard cache in `tasks.token_cache`. Here: encoding with the length policy, the worker pool and the
+Rendering and the render-boundary mask live in `tasks.renderers`; row validation in `draftsmith.tasks.token_rows`;
+the per-shard cache in `draftsmith.tasks.token_cache`. Here: encoding with the length policy, the worker pool and the
 stage. The pool starts before the corpus is read; each job is a chunk of raw JSONL lines that a worker
 parses, renders (batched), tokenizes (batched) and returns as numpy bytes, so the parent only packs.
 """
@@ -20,18 +20,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftsmith import storage, tensorio
-from draftsmith.caching import stage_task
-from draftsmith.codehash import code_digest
-from draftsmith.config import TargetConfig, TokenizeConfig
-from draftsmith.manifest import FileEntry, StageManifest, file_entry
-from draftsmith.progress import Progress, stage_progress
-from draftsmith.rejects import REJECTED_FILE, Rejects
-from draftsmith.stage import StageResult, run_stage, stage_key
-from draftsmith.target_setup import resolve_target
-from tasks import renderers, token_cache, token_encode, token_rows
-from tasks.renderers import assistant_spans
-from tasks.token_encode import Encoded, Options, _init_worker, _process_job, encode
+from draftsmith.core import storage, tensorio
+from draftsmith.core.caching import stage_task
+from draftsmith.core.codehash import code_digest
+from draftsmith.core.config import TargetConfig, TokenizeConfig
+from draftsmith.core.manifest import FileEntry, StageManifest, file_entry
+from draftsmith.core.progress import Progress, stage_progress
+from draftsmith.core.rejects import REJECTED_FILE, Rejects
+from draftsmith.core.stage import StageResult, run_stage, stage_key
+from draftsmith.core.target_setup import resolve_target
+from draftsmith.tasks import renderers, token_cache, token_encode, token_rows
+from draftsmith.tasks.renderers import assistant_spans
+from draftsmith.tasks.token_encode import Encoded, Options, _init_worker, _process_job, encode
 
 __all__ = ["Encoded", "Options", "assistant_spans", "encode", "pack_shard", "read_token_shard", "tokenize"]
 
@@ -224,7 +224,7 @@ def _run_jobs(
 
 
 def tokenize_key(cfg: TokenizeConfig, target: TargetConfig, conversations: StageManifest) -> str:
-    """The stage key (`draftsmith.stage.stage_key`): config, target, conversations, the tokenizer's files
+    """The stage key (`draftsmith.core.stage.stage_key`): config, target, conversations, the tokenizer's files
     and the extra sources' content."""
     tok_sha = token_cache.tokenizer_sha256(str(resolve_target(target.source, tokenizer_only=True)))
     extra = [_source_fingerprint(u) for u in cfg.extra_sources]

@@ -1,7 +1,7 @@
 """Stage 5: train the drafter on the captured hidden states with the FSDP2 trainer, launched by torchrun.
 
-The task writes a job spec into the stage folder, runs `torchrun ... -m drafters.training.worker` with the
-recipe's nodes, ranks and rendezvous (`engines.torchrun` streams every rank's log into this task's log and
+The task writes a job spec into the stage folder, runs `torchrun ... -m draftsmith.drafters.training.worker` with the
+recipe's nodes, ranks and rendezvous (`draftsmith.engines.torchrun` streams every rank's log into this task's log and
 fails with the failing rank's traceback), and turns the `result.json` rank 0 wrote into the manifest. A
 retried or re-run task with the same inputs resumes from the newest checkpoint in `<stage>/checkpoints`.
 
@@ -24,18 +24,18 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import MissingContextError
 
-from drafters import data, families
-from drafters.training import checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker
-from draftsmith import storage, tensorio, ui
-from draftsmith.caching import stage_task
-from draftsmith.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
-from draftsmith.manifest import FileEntry, StageManifest
-from draftsmith.progress import MIN_INTERVAL_S, Progress, stage_progress
-from draftsmith.stage import StageResult, run_stage, stage_key
-from engines import torchrun
-from tasks import hidden_stream
-from tasks.hidden_states import token_samples
-from transport import offline_reader, sample
+from draftsmith.core import storage, tensorio, ui
+from draftsmith.core.caching import stage_task
+from draftsmith.core.config import DrafterConfig, HiddenStatesConfig, TargetConfig, TrainConfig
+from draftsmith.core.manifest import FileEntry, StageManifest
+from draftsmith.core.progress import MIN_INTERVAL_S, Progress, stage_progress
+from draftsmith.core.stage import StageResult, run_stage, stage_key
+from draftsmith.drafters import data, families
+from draftsmith.drafters.training import checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker
+from draftsmith.engines import torchrun
+from draftsmith.tasks import hidden_stream
+from draftsmith.tasks.hidden_states import token_samples
+from draftsmith.transport import offline_reader, sample
 
 STAGE = "train"
 CODE = [data, families, checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker, offline_reader, sample]
@@ -136,7 +136,7 @@ def launch(job: worker.TrainJob, cfg: TrainConfig, spec_path: str, log: logging.
     """Run the job on the recipe's torchrun layout (this node's share of it), logging its lines to `log`."""
     d = cfg.distributed
     spec = torchrun.TorchrunSpec(
-        module="drafters.training.worker",
+        module="draftsmith.drafters.training.worker",
         args=["--spec", spec_path],
         nnodes=d.nnodes,
         nproc_per_node=d.nproc_per_node,
@@ -158,7 +158,7 @@ def train_key(
     seed: int,
     max_steps: int | None = None,
 ) -> str:
-    """The stage key (`draftsmith.stage.stage_key`): the sections, the token shards, the store, seed and
+    """The stage key (`draftsmith.core.stage.stage_key`): the sections, the token shards, the store, seed and
     `max_steps`; the code is this module, the trainer's and the drafter family's."""
     family = families.family(drafter_cfg.kind)
     code = [sys.modules[__name__], *CODE, hidden_stream, family, *family.code_modules()]

@@ -30,14 +30,14 @@ RECIPES = ROOT / "deployments" / "recipes"
 
 @pytest.fixture(scope="session")
 def tiny_cfg():
-    from draftsmith.config import load_recipe
+    from draftsmith.core.config import load_recipe
 
     return load_recipe(RECIPES / "tiny-cpu.yaml")
 
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_cfg):
-    from engines import hf
+    from draftsmith.engines import hf
 
     return hf.load_target(tiny_cfg.target)
 
@@ -45,12 +45,12 @@ def tiny_target(tiny_cfg):
 @pytest.fixture(scope="session")
 def tiny_run(tiny_cfg, tmp_path_factory):
     """Every stage function run once, in order, on the tiny recipe: `{stage: manifest}`."""
-    from tasks.evaluate import evaluate
-    from tasks.hidden_states import capture_hidden_states
-    from tasks.regenerate import regenerate
-    from tasks.select_prompts import select_prompts
-    from tasks.tokenization import tokenize
-    from tasks.train import train
+    from draftsmith.tasks.evaluate import evaluate
+    from draftsmith.tasks.hidden_states import capture_hidden_states
+    from draftsmith.tasks.regenerate import regenerate
+    from draftsmith.tasks.select_prompts import select_prompts
+    from draftsmith.tasks.tokenization import tokenize
+    from draftsmith.tasks.train import train
 
     run = str(tmp_path_factory.mktemp("tiny-run"))
     c = tiny_cfg

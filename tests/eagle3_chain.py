@@ -3,8 +3,8 @@ of cached decoding after a context of positions 0..t (teacher-forced tokens)."""
 
 import torch
 
-from drafters.eagle3.decode import DraftCache, _draft_forward
-from drafters.eagle3.model import Eagle3Drafter
+from draftsmith.drafters.eagle3.decode import DraftCache, _draft_forward
+from draftsmith.drafters.eagle3.model import Eagle3Drafter
 
 
 def check_chain_matches_ttt(

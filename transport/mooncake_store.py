@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith import procs
+from draftsmith.core import procs
 
 # Mooncake error codes seen on this version (mooncake-store/include/types.h).
 NO_AVAILABLE_HANDLE = -200  # the global segments are full: back-pressure, retry later

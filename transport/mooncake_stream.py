@@ -4,7 +4,7 @@ Producer (`MooncakeProducer`, one per target engine): `encode(sample, codec)` gi
 bytes are copied into one registered staging buffer and put with one `batch_put_from`, one Mooncake key per
 wire tensor, `{run}/{producer}/{seq}/{sample_id}/{tensor}`, hard-pinned so that Mooncake never evicts an
 unconsumed sample. Only then does the sample record `{type: sample, seq, id, keys: {tensor: {key, shape,
-dtype, nbytes}}}` go on the metadata queue (`transport.meta_queue`), so a record always points at data that
+dtype, nbytes}}}` go on the metadata queue (`draftsmith.transport.meta_queue`), so a record always points at data that
 is there. A full store (rc -200) is back-pressure: the producer retries the keys that failed with
 exponential backoff up to `full_timeout_s`, then raises naming the key and its bytes. A heartbeat thread
 sends `{type: heartbeat}` every `heartbeat_s`; `close()` sends `{type: end, count, full_waits, full_wait_s}`.
@@ -24,7 +24,7 @@ refusing for `master_timeout_s`.
 
 Memory: whoever lends `global_segment_bytes` holds the data. Producers should lend 0 and the consumer (or a
 `mooncake_client` memory holder) lend the pool, so a sample announced before a producer dies is still
-readable. Shape legend: see `transport.sample`.
+readable. Shape legend: see `draftsmith.transport.sample`.
 """
 
 import argparse
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from transport.meta_queue import Event, MetaQueueClient, MetaQueueServer, QueueClosed, parse_addr
-from transport.mooncake_store import NO_AVAILABLE_HANDLE, MooncakeSettings, connect, master_answers
-from transport.sample import HiddenSample, StoreCodec, decode, encode
+from draftsmith.transport.meta_queue import Event, MetaQueueClient, MetaQueueServer, QueueClosed, parse_addr
+from draftsmith.transport.mooncake_store import NO_AVAILABLE_HANDLE, MooncakeSettings, connect, master_answers
+from draftsmith.transport.sample import HiddenSample, StoreCodec, decode, encode
 
 ALIGN = 64  # byte alignment of each tensor inside a staging buffer, so every dtype view is aligned
 DTYPES = {
@@ -470,7 +470,7 @@ class MooncakeStream:
 
 def produce_offline_store(settings: MooncakeSettings, queue_addr: str, store_uri: str, run_id: str, **kw) -> int:
     """Replay every sample of a finished offline store into the stream, bytes as stored; returns the count."""
-    from transport.offline_reader import OfflineDataset
+    from draftsmith.transport.offline_reader import OfflineDataset
 
     dataset = OfflineDataset(store_uri)
     with MooncakeProducer(settings, queue_addr, dataset.info.codec, run_id, **kw) as producer:
@@ -480,7 +480,9 @@ def produce_offline_store(settings: MooncakeSettings, queue_addr: str, store_uri
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m transport.mooncake_stream", description="Mooncake stream tools")
+    ap = argparse.ArgumentParser(
+        prog="python -m draftsmith.transport.mooncake_stream", description="Mooncake stream tools"
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("produce", help="stream a finished offline hidden-state store to a consumer")
     p.add_argument("--settings", required=True, help="MooncakeSettings as JSON (dataclasses.asdict)")

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith import storage
-from draftsmith.manifest import FileEntry
-from transport.offline_store import DATASET, FORMAT_VERSION, INDEX, StoreInfo
-from transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, decode
+from draftsmith.core import storage
+from draftsmith.core.manifest import FileEntry
+from draftsmith.transport.offline_store import DATASET, FORMAT_VERSION, INDEX, StoreInfo
+from draftsmith.transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, decode
 
 # Remote tensors of a few bytes a token, fetched whole once per shard (see `_Shard._cache_small`).
 SMALL_TENSORS = ("input_ids", "loss_mask", "hidden_scales", "last_scales")
@@ -175,7 +175,7 @@ class OfflineDataset:
         return spans | {n: last for n in LAST_TENSORS if n in shard.tensors}
 
     def wires(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-        """The stored tensors of these samples, exactly as written (`transport.sample.encode` output)."""
+        """The stored tensors of these samples, exactly as written (`draftsmith.transport.sample.encode` output)."""
         out: dict[int, dict[str, torch.Tensor]] = {}
         by_shard: dict[str, list[int]] = {}
         for i in indices:

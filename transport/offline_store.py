@@ -2,7 +2,7 @@
 
 Layout under the store URL (a local folder or any fsspec URL, `s3://` included):
 
-- `shard-NNNNN.safetensors`: the wire tensors (`transport.sample.encode`) of consecutive samples,
+- `shard-NNNNN.safetensors`: the wire tensors (`draftsmith.transport.sample.encode`) of consecutive samples,
   concatenated along their first axis, plus `offsets` and `last_offsets` `[n+1]` int64 (sample i owns rows
   `offsets[i]:offsets[i+1]` of the per-token tensors and `last_offsets[i]:last_offsets[i+1]` of `last_*`).
 - `commits/NNNNN.json`: written only after its shard is completely written (atomic rename locally; an S3
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from draftsmith import storage, tensorio
-from draftsmith.manifest import FAST_HASH, FileEntry, digest
-from transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, StoreCodec, encode
+from draftsmith.core import storage, tensorio
+from draftsmith.core.manifest import FAST_HASH, FileEntry, digest
+from draftsmith.transport.sample import LAST_TENSORS, SEQ_TENSORS, HiddenSample, StoreCodec, encode
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs):
 
 
 def render() -> str:
-    from draftsmith.config import NightlyConfig, PipelineConfig
+    from draftsmith.core.config import NightlyConfig, PipelineConfig
 
     out: list[str] = []
     for title, root, prefix, display in (

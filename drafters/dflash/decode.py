@@ -15,10 +15,10 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from drafters.dflash.model import DFlashDrafter
-from drafters.dflash.selector import walk
-from drafters.speculative import GREEDY, Decoded, Draft, is_greedy, speculative_decode
-from drafters.verify import Sampling, warp
+from draftsmith.drafters.dflash.model import DFlashDrafter
+from draftsmith.drafters.dflash.selector import walk
+from draftsmith.drafters.speculative import GREEDY, Decoded, Draft, is_greedy, speculative_decode
+from draftsmith.drafters.verify import Sampling, warp
 
 Propose = Callable[[DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -14,11 +14,11 @@ import json
 
 import torch
 
-from drafters.dflash.model import DFlashDrafter
-from drafters.dflash.spec import DFlashSpec
-from drafters.export import engines
-from drafters.vocab import check_vocab
-from draftsmith import storage, tensorio
+from draftsmith.core import storage, tensorio
+from draftsmith.drafters.dflash.model import DFlashDrafter
+from draftsmith.drafters.dflash.spec import DFlashSpec
+from draftsmith.drafters.export import engines
+from draftsmith.drafters.vocab import check_vocab
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

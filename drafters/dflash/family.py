@@ -1,4 +1,4 @@
-"""DFlash2 as a drafter family (`drafters.families`); `block_spec`/`init_block` are shared with DSpark.
+"""DFlash2 as a drafter family (`draftsmith.drafters.families`); `block_spec`/`init_block` are shared with DSpark.
 
 Shape legend: V target vocabulary, Ht target width.
 """
@@ -7,13 +7,13 @@ import functools
 
 import torch
 
-import kernels
-from drafters import families, vocab
-from drafters.dflash import decode, export
-from drafters.dflash.loss import dflash_objective
-from drafters.dflash.model import DFlashDrafter
-from drafters.dflash.spec import DFlashSpec
-from draftsmith.config import DFlash2Config, DSparkConfig
+from draftsmith import kernels
+from draftsmith.core.config import DFlash2Config, DSparkConfig
+from draftsmith.drafters import families, vocab
+from draftsmith.drafters.dflash import decode, export
+from draftsmith.drafters.dflash.loss import dflash_objective
+from draftsmith.drafters.dflash.model import DFlashDrafter
+from draftsmith.drafters.dflash.spec import DFlashSpec
 
 
 def block_spec(cfg: DFlash2Config | DSparkConfig, inputs: families.BuildInputs) -> dict:
@@ -107,14 +107,14 @@ def generate(
 
 
 def proposer(drafter: DFlashDrafter, g: int) -> decode.BlockProposer:
-    """One row's drafting state for `drafters.speculative_batch` (its block decides g)."""
+    """One row's drafting state for `draftsmith.drafters.speculative_batch` (its block decides g)."""
     return decode.BlockProposer(drafter)
 
 
 def code_modules() -> list:
     """Modules whose source decides what training and decoding produce (cache keys)."""
-    import drafters.dflash as pkg
-    from drafters import anchors, layers, masks, mla
+    import draftsmith.drafters.dflash as pkg
+    from draftsmith.drafters import anchors, layers, masks, mla
 
     return [anchors, layers, masks, mla, vocab, *package_modules(pkg), *kernels.source_modules()]
 

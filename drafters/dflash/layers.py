@@ -11,10 +11,10 @@ d head width, G conv groups, T conv taps.
 import torch
 from torch import nn
 
-from drafters.dflash.spec import DFlashSpec
-from drafters.layers import RMSNorm, RopeScaling, apply_rope, rope_tables
-from drafters.mla import MLASpec, MLAttention
-from kernels import dyn_conv
+from draftsmith.drafters.dflash.spec import DFlashSpec
+from draftsmith.drafters.layers import RMSNorm, RopeScaling, apply_rope, rope_tables
+from draftsmith.drafters.mla import MLASpec, MLAttention
+from draftsmith.kernels import dyn_conv
 
 
 def _positions_BS(positions: torch.Tensor, B: int) -> torch.Tensor:
@@ -132,7 +132,7 @@ class GroupedConv(nn.Module):
         nn.init.zeros_(self.kernel_projection.weight)
 
     def _convolve(self, x_BQH: torch.Tensor, delta_BQTG: torch.Tensor, side: int) -> torch.Tensor:
-        # `kernels.dyn_conv`: the Triton kernel on CUDA; under torch.compile the traced reference.
+        # `draftsmith.kernels.dyn_conv`: the Triton kernel on CUDA; under torch.compile the traced reference.
         mode = "reference" if torch.compiler.is_compiling() else None
         return dyn_conv(x_BQH, self.base_kernel[side], delta_BQTG, self.block_size, mode=mode)
 

@@ -12,10 +12,10 @@ Shape legend: B batch, S sequence, N anchors, K block slots, V vocabulary (Vd dr
 import torch
 from torch import nn
 
-from drafters.anchors import uniform_anchors
-from drafters.layers import HeadLossCall
-from drafters.objective import StepLoss
-from drafters.vocab import target_to_draft
+from draftsmith.drafters.anchors import uniform_anchors
+from draftsmith.drafters.layers import HeadLossCall
+from draftsmith.drafters.objective import StepLoss
+from draftsmith.drafters.vocab import target_to_draft
 
 
 def slot_labels(
@@ -116,7 +116,7 @@ def dflash_objective(
     pruned head); it is in the signature so every block objective (DSpark needs it for p_t) is called alike.
     Only valid slots reach the `[n, V]` logits. Anchors: `uniform_anchors(..., depth=block)`.
     """
-    from drafters.dflash.selector import selector_loss
+    from draftsmith.drafters.dflash.selector import selector_loss
 
     del target_head_VH
     spec = model.spec

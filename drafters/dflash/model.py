@@ -13,11 +13,11 @@ Q queries, K keys, V target vocabulary, Vd draft vocabulary.
 import torch
 from torch import nn
 
-from drafters.dflash.block_masks import decode_mask, train_mask
-from drafters.dflash.layers import DFlashGQA, DFlashMLA, GroupedConv
-from drafters.dflash.selector import CandidateSelector
-from drafters.dflash.spec import DFlashSpec
-from drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
+from draftsmith.drafters.dflash.block_masks import decode_mask, train_mask
+from draftsmith.drafters.dflash.layers import DFlashGQA, DFlashMLA, GroupedConv
+from draftsmith.drafters.dflash.selector import CandidateSelector
+from draftsmith.drafters.dflash.spec import DFlashSpec
+from draftsmith.drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
 
 KV = tuple[torch.Tensor, torch.Tensor]
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from draftsmith import storage
+from draftsmith.core import storage
 
 CALIBRATION_FILE = "calibration.json"
 CONFIG_FIELD = "confidence_temperatures"

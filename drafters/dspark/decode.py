@@ -3,7 +3,7 @@
 This is vLLM's `DSparkSpeculator._sample_sequential` at temperature 0: base logits for all B slots come from
 one parallel backbone pass; slot i adds the Markov bias of the token drafted at slot i-1 (the anchor for
 slot 0, all as target ids) and takes the argmax, mapped to a target id. Every slot predicts, so a round
-drafts B tokens. Plug `propose` into `drafters.dflash.decode.speculative_generate(..., propose=propose)`.
+drafts B tokens. Plug `propose` into `draftsmith.drafters.dflash.decode.speculative_generate(..., propose=propose)`.
 
 Shape legend: Q block slots (= block_size), H drafter width, Vout output vocabulary.
 """
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from drafters.dspark.model import DSparkDrafter
-from drafters.speculative import GREEDY, Draft, draw
-from drafters.verify import Sampling
+from draftsmith.drafters.dspark.model import DSparkDrafter
+from draftsmith.drafters.speculative import GREEDY, Draft, draw
+from draftsmith.drafters.verify import Sampling
 
 
 @dataclass(frozen=True)

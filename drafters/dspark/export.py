@@ -1,6 +1,6 @@
 """DSpark checkpoints in the format vLLM loads (`Qwen3DSparkModel`, `qwen3_dspark.py`), and back.
 
-The backbone is DFlash's (`drafters.dflash.export`: Qwen3 fields, shared embedding, and lm_head shared
+The backbone is DFlash's (`draftsmith.drafters.dflash.export`: Qwen3 fields, shared embedding, and lm_head shared
 unless the vocabulary is pruned) plus `markov_head.markov_w1/w2` and, when enabled, `confidence_head.proj`.
 vLLM reads top-level `block_size`, `target_layer_ids` (= taps - 1; it adds 1 back), `mask_token_id`,
 `markov_rank`, `markov_head_type` ("vanilla", the low-rank bigram head), `enable_confidence_head`,
@@ -15,11 +15,11 @@ import json
 
 import torch
 
-from drafters.dflash import export as dflash_export
-from drafters.dspark.model import DSparkDrafter, DSparkSpec
-from drafters.export import engines
-from drafters.vocab import check_vocab
-from draftsmith import storage, tensorio
+from draftsmith.core import storage, tensorio
+from draftsmith.drafters.dflash import export as dflash_export
+from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec
+from draftsmith.drafters.export import engines
+from draftsmith.drafters.vocab import check_vocab
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

@@ -4,13 +4,13 @@ import functools
 
 import torch
 
-from drafters import families
-from drafters.dflash import decode as block_decode
-from drafters.dflash import family as dflash_family
-from drafters.dspark import decode, export
-from drafters.dspark.heads import normal_init
-from drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective
-from draftsmith.config import DSparkConfig
+from draftsmith.core.config import DSparkConfig
+from draftsmith.drafters import families
+from draftsmith.drafters.dflash import decode as block_decode
+from draftsmith.drafters.dflash import family as dflash_family
+from draftsmith.drafters.dspark import decode, export
+from draftsmith.drafters.dspark.heads import normal_init
+from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective
 
 
 def build(cfg: DSparkConfig, inputs: families.BuildInputs) -> DSparkDrafter:
@@ -59,11 +59,11 @@ def generate(
 
 
 def proposer(drafter: DSparkDrafter, g: int) -> block_decode.BlockProposer:
-    """One row's drafting state for `drafters.speculative_batch`: blocks picked with the Markov bias."""
+    """One row's drafting state for `draftsmith.drafters.speculative_batch`: blocks picked with the Markov bias."""
     return block_decode.BlockProposer(drafter, decode.pick)
 
 
 def code_modules() -> list:
-    import drafters.dspark as pkg
+    import draftsmith.drafters.dspark as pkg
 
     return dflash_family.code_modules() + dflash_family.package_modules(pkg)

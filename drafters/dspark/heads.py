@@ -12,9 +12,9 @@ H drafter width.
 import torch
 from torch import nn
 
-from drafters.dspark.loss import outside_column
-from drafters.layers import HeadLossCall, OutputHead, RMSNorm, apply_head_loss
-from kernels import HeadLossOut
+from draftsmith.drafters.dspark.loss import outside_column
+from draftsmith.drafters.layers import HeadLossCall, OutputHead, RMSNorm, apply_head_loss
+from draftsmith.kernels import HeadLossOut
 
 
 class MarkovHead(nn.Module):

@@ -21,10 +21,10 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from drafters.layers import HeadLossCall
-from drafters.objective import StepLoss
-from kernels import Target
-from kernels.head_loss import chunk_rows_for
+from draftsmith.drafters.layers import HeadLossCall
+from draftsmith.drafters.objective import StepLoss
+from draftsmith.kernels import Target
+from draftsmith.kernels.head_loss import chunk_rows_for
 
 DEFAULT_MIX = (0.1, 0.9, 1.0)
 # The draft's logit in the column standing for every id outside the draft vocabulary: far enough below any real
@@ -173,7 +173,7 @@ def dspark_rows_fused(
     outside_n: torch.Tensor | None = None,
 ) -> StepLoss:
     """`dspark_rows(*model.heads(h_nH, prev_ids_n)[:2], target_logp, ...)` by the fused head loss
-    (`kernels.head_loss`): the Markov bias `W2 @ W1[prev]` joins the lm_head as an extra low-rank term, so
+    (`draftsmith.kernels.head_loss`): the Markov bias `W2 @ W1[prev]` joins the lm_head as an extra low-rank term, so
     neither the draft nor the target `[n, Vout]` logits exist at once.
 
     Args:

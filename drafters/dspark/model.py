@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from drafters.anchors import uniform_anchors
-from drafters.dflash.loss import slot_labels, slot_weights
-from drafters.dflash.model import DFlashDrafter
-from drafters.dflash.spec import DFlashSpec
-from drafters.dspark.heads import ConfidenceHead, FullVocabHead, MarkovHead
-from drafters.dspark.loss import DEFAULT_MIX, dspark_rows_fused, outside_logsumexp
-from drafters.objective import StepLoss
-from drafters.vocab import draft_ids, target_to_draft
-from kernels import Target
+from draftsmith.drafters.anchors import uniform_anchors
+from draftsmith.drafters.dflash.loss import slot_labels, slot_weights
+from draftsmith.drafters.dflash.model import DFlashDrafter
+from draftsmith.drafters.dflash.spec import DFlashSpec
+from draftsmith.drafters.dspark.heads import ConfidenceHead, FullVocabHead, MarkovHead
+from draftsmith.drafters.dspark.loss import DEFAULT_MIX, dspark_rows_fused, outside_logsumexp
+from draftsmith.drafters.objective import StepLoss
+from draftsmith.drafters.vocab import draft_ids, target_to_draft
+from draftsmith.kernels import Target
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def dspark_objective(
     partial_blocks: bool = True,
     target_vocab: str = "full",
 ) -> StepLoss:
-    """One DSpark training step's loss over `batch` (`drafters.data.collate`: input_ids, loss_mask, features,
+    """One DSpark training step's loss over `batch` (`draftsmith.drafters.data.collate`: input_ids, loss_mask, features,
     last_hidden).
 
     Slot k of the block at a predicts token a + k + 1 with weight exp(-k / gamma); p_t for that slot is the

@@ -14,11 +14,11 @@ Shape legend: B batch, S sequence, N anchor slots, H drafter width, Ht target wi
 import torch
 from torch import nn
 
-from drafters import masks
-from drafters.eagle3.loss import TTTLoss, combine, depth_term
-from drafters.eagle3.model import Eagle3Drafter, shift_left
-from drafters.layers import HeadLossCall
-from kernels import Target
+from draftsmith.drafters import masks
+from draftsmith.drafters.eagle3.loss import TTTLoss, combine, depth_term
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, shift_left
+from draftsmith.drafters.layers import HeadLossCall
+from draftsmith.kernels import Target
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:

@@ -16,7 +16,7 @@ RoPE: vLLM builds its rotary embedding with `is_neox_style=False`, i.e. it rotat
 `(x[2i], x[2i+1])` of the `qk_rope_head_dim` dims; HF DeepSeek-V3 does the same with `rope_interleave: true`
 (its config default) by de-interleaving and then rotating halves. We use the interleaved layout because the
 weights are then what vLLM loads with no permutation (export stays a dtype cast), and because DeepSeek/Kimi
-target layers, a natural initialisation for the draft layer, are stored in it. (`drafters.mla.MLAttention`,
+target layers, a natural initialisation for the draft layer, are stored in it. (`draftsmith.drafters.mla.MLAttention`,
 which this subclasses for its parameters, uses the half-split layout for block drafters.)
 `tests/unit/test_eagle3_mla.py` checks the layer against HF `DeepseekV3Attention(rope_interleave=True)` built
 from `serving_fields`.
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from drafters.layers import RopeScaling, apply_rope, rope_tables
-from drafters.mla import MLASpec, MLAttention
+from draftsmith.drafters.layers import RopeScaling, apply_rope, rope_tables
+from draftsmith.drafters.mla import MLASpec, MLAttention
 
 if TYPE_CHECKING:
-    from drafters.eagle3.model import Eagle3Spec
+    from draftsmith.drafters.eagle3.model import Eagle3Spec
 
 ATTENTIONS = ("gqa", "mla")
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")

@@ -1,6 +1,6 @@
 """Speculative decoding with an EAGLE-3 chain drafter and an HF target, batch 1, KV caches on both.
 
-`EagleProposer` is EAGLE-3's side of `drafters.speculative`: each round the drafter extends its context with
+`EagleProposer` is EAGLE-3's side of `draftsmith.drafters.speculative`: each round the drafter extends its context with
 the target features of the tokens verified last round and drafts a chain of `g` tokens (greedy, or sampled
 with their distributions kept for the sampling rules); the shared loop verifies and rolls both caches back.
 
@@ -10,9 +10,9 @@ Shape legend: S sequence, F = N*Ht fused feature width, h heads, T cached keys, 
 import torch
 from transformers import PreTrainedModel
 
-from drafters.eagle3.model import Eagle3Drafter
-from drafters.speculative import GREEDY, Decoded, Draft, draw, plain_decode, speculative_decode
-from drafters.verify import Sampling
+from draftsmith.drafters.eagle3.model import Eagle3Drafter
+from draftsmith.drafters.speculative import GREEDY, Decoded, Draft, draw, plain_decode, speculative_decode
+from draftsmith.drafters.verify import Sampling
 
 
 class DraftCache:
@@ -94,7 +94,7 @@ def _to_target_vocab(drafter: Eagle3Drafter, q_Vd: torch.Tensor) -> torch.Tensor
 
 
 class EagleProposer:
-    """EAGLE-3's side of `drafters.speculative`: a chain of `g` drafts per round over a cached context."""
+    """EAGLE-3's side of `draftsmith.drafters.speculative`: a chain of `g` drafts per round over a cached context."""
 
     def __init__(self, drafter: Eagle3Drafter, g: int) -> None:
         self.drafter, self.g, self.cache = drafter, g, DraftCache()

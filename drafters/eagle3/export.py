@@ -2,18 +2,18 @@
 
 The frozen embedding is not saved: the engines share the target's, and so does `load_drafter`.
 Weights are stored in bf16 (the serving dtype); d2t is int64, t2d bool (vLLM ignores t2d; SGLang reads both).
-Only the aux layer ids differ between engines (see `drafters.export.engines.aux_layer_ids`).
+Only the aux layer ids differ between engines (see `draftsmith.drafters.export.engines.aux_layer_ids`).
 """
 
 import json
 
 import torch
 
-from drafters.eagle3.attention import serving_fields
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.export import engines
-from drafters.vocab import check_vocab
-from draftsmith import storage, tensorio
+from draftsmith.core import storage, tensorio
+from draftsmith.drafters.eagle3.attention import serving_fields
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.export import engines
+from draftsmith.drafters.vocab import check_vocab
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

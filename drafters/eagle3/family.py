@@ -1,16 +1,16 @@
-"""EAGLE-3 as a drafter family (`drafters.families`): build, objective (dense or anchored TTT), decoding.
+"""EAGLE-3 as a drafter family (`draftsmith.drafters.families`): build, objective (dense or anchored TTT), decoding.
 
 Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht target width.
 """
 
 import torch
 
-import kernels
-from drafters import anchors, families, vocab
-from drafters.eagle3 import anchored, decode, export, loss, target
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.objective import StepLoss
-from draftsmith.config import Eagle3Config
+from draftsmith import kernels
+from draftsmith.core.config import Eagle3Config
+from draftsmith.drafters import anchors, families, vocab
+from draftsmith.drafters.eagle3 import anchored, decode, export, loss, target
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.objective import StepLoss
 
 
 def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
@@ -117,13 +117,13 @@ def objective(
 def generate(
     target, drafter: Eagle3Drafter, taps: list[int], prompt_S: torch.Tensor, *, g: int, max_new: int, eos, **how
 ):
-    """A chain of `g` drafts per round; `how`: sampling, rule, generator (see `drafters.speculative`)."""
+    """A chain of `g` drafts per round; `how`: sampling, rule, generator (see `draftsmith.drafters.speculative`)."""
     how.pop("truncate", None)  # a chain has no confidences to truncate by
     return decode.speculative_generate(target, drafter, taps, prompt_S, g=g, max_new=max_new, eos=eos, **how)
 
 
 def proposer(drafter: Eagle3Drafter, g: int) -> decode.EagleProposer:
-    """One row's drafting state for `drafters.speculative_batch` (a chain of `g`)."""
+    """One row's drafting state for `draftsmith.drafters.speculative_batch` (a chain of `g`)."""
     return decode.EagleProposer(drafter, g)
 
 
@@ -137,9 +137,9 @@ def load(folder: str, target_model) -> tuple[Eagle3Drafter, list[int]]:
 
 def code_modules() -> list:
     """Modules whose source decides what training and decoding produce (cache keys)."""
-    from drafters import layers, masks, mla
-    from drafters.eagle3 import attention, chain_attention
-    from drafters.eagle3 import model as eagle3_model
+    from draftsmith.drafters import layers, masks, mla
+    from draftsmith.drafters.eagle3 import attention, chain_attention
+    from draftsmith.drafters.eagle3 import model as eagle3_model
 
     modules = [
         anchors,

@@ -6,7 +6,7 @@ and the target's argmax at p is in the draft vocabulary (otherwise no draft coul
 Total = sum_k decay**k * L_k, each L_k a mean over its counted positions.
 
 Only counted positions reach the lm_head: padding and prompt tokens never pay for the `[*, Vd]` logits.
-`ttt_loss_fused` computes the same through `kernels.head_loss` (the Triton kernel on CUDA), which never holds
+`ttt_loss_fused` computes the same through `draftsmith.kernels.head_loss` (the Triton kernel on CUDA), which never holds
 all `[n, Vd]` logits of the drafter or of the target at once.
 
 Shape legend: B batch, S sequence, H drafter width, Vd draft vocabulary, n counted target positions.
@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch
 
-from drafters.eagle3.model import Eagle3Drafter, shift_left
-from drafters.layers import HeadLossCall
-from drafters.objective import StepLoss, simulated_acc_len
-from kernels import Target
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, shift_left
+from draftsmith.drafters.layers import HeadLossCall
+from draftsmith.drafters.objective import StepLoss, simulated_acc_len
+from draftsmith.kernels import Target
 
 # EAGLE-3 reports the common per-slot step figures (a slot is a TTT depth here).
 TTTLoss = StepLoss

@@ -4,7 +4,7 @@ Parameter names follow vLLM's `LlamaForCausalLMEagle3` checkpoint keys (`fc`, `m
 `lm_head`, `d2t`, `t2d`), so export is a dtype cast and a config file.
 
 The attention is GQA (`LlamaForCausalLMEagle3`) or MLA (`Eagle3DeepseekV3ForCausalLM`, e.g. Kimi K3's
-eagle3.1-mla seed drafter), chosen by `Eagle3Spec.attention`; see `drafters.eagle3.attention` for the
+eagle3.1-mla seed drafter), chosen by `Eagle3Spec.attention`; see `draftsmith.drafters.eagle3.attention` for the
 interface every path uses.
 
 Shape legend: B batch, S sequence, H drafter width, Ht target width, N taps, h heads, g kv heads,
@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from drafters.eagle3.attention import check_attention, make_attention
-from drafters.eagle3.chain_attention import chain_attention
-from drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
+from draftsmith.drafters.eagle3.attention import check_attention, make_attention
+from draftsmith.drafters.eagle3.chain_attention import chain_attention
+from draftsmith.drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,11 @@ class Eagle3Spec:
     rms_norm_eps: float = 1e-5
     fc_norm: bool = False
     norm_output: bool = False
-    rope_scaling: dict | None = None  # the target's YaRN parameters (`drafters.layers.RopeScaling`), if any
+    rope_scaling: dict | None = None  # the target's YaRN parameters (`draftsmith.drafters.layers.RopeScaling`), if any
     attention: str = "gqa"  # "gqa" | "mla"; with "mla", num_kv_heads and head_dim are unused
-    mla: dict | None = None  # `drafters.mla.MLASpec` shapes: kv_lora_rank, q_lora_rank, qk_nope/qk_rope/v_head_dim
+    mla: dict | None = (
+        None  # `draftsmith.drafters.mla.MLASpec` shapes: kv_lora_rank, q_lora_rank, qk_nope/qk_rope/v_head_dim
+    )
 
     def __post_init__(self) -> None:
         check_attention(self.attention, self.mla)

@@ -22,8 +22,8 @@ import hashlib
 import numpy as np
 import torch
 
-from drafters import vocab
-from drafters.eagle3.model import shift_left
+from draftsmith.drafters import vocab
+from draftsmith.drafters.eagle3.model import shift_left
 
 # Rows of the `[rows, V - Vd]` product made at once (64 MiB of fp32 at SmolLM2's 41K other ids).
 REST_BUDGET = 1 << 24

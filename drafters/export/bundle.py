@@ -3,7 +3,7 @@
 The folder holds `model.safetensors` (bf16 floats; d2t int64 and t2d bool where the vocabulary is pruned)
 and `config.json` with the fields the engine reads, plus a `draftsmith` block recording the taps and their
 convention, the capture point, the target's name and hashes, the recipe hash and the train stage key.
-Every guard in `drafters.export.guards` runs on the final bytes before anything is written; the folder
+Every guard in `draftsmith.drafters.export.guards` runs on the final bytes before anything is written; the folder
 appears atomically (written beside it, then renamed).
 """
 
@@ -20,13 +20,17 @@ from types import ModuleType
 import torch
 from safetensors import safe_open
 
-from drafters.export import engines, guards
-from draftsmith import storage, tensorio
+from draftsmith.core import storage, tensorio
+from draftsmith.drafters.export import engines, guards
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TAP_CONVENTION = "residual stream after decoder layer k, counting from 1 (HF hidden_states[k])"
-_MODULES = {"eagle3": "drafters.eagle3.export", "dflash": "drafters.dflash.export", "dspark": "drafters.dspark.export"}
+_MODULES = {
+    "eagle3": "draftsmith.drafters.eagle3.export",
+    "dflash": "draftsmith.drafters.dflash.export",
+    "dspark": "draftsmith.drafters.dspark.export",
+}
 # The recipe's `drafter.kind` -> the speculative method the engines call it.
 _KIND_TO_METHOD = {"dflash2": "dflash"}
 
@@ -219,7 +223,7 @@ def _store_info(run_dir: str) -> dict:
 
 def run_metadata(cfg, train_dir: str, train_key: str, taps: list[int], store: dict, target_dir: Path) -> dict:
     """The provenance embedded in config.json's `draftsmith` block."""
-    from draftsmith.config import dump_recipe
+    from draftsmith.core.config import dump_recipe
 
     hs = cfg.hidden_states
     return {
@@ -247,7 +251,7 @@ def _target_config(target_dir: Path) -> dict:
 def with_calibration(blobs: dict[str, bytes], run_dir: str, block_size: int) -> dict[str, bytes]:
     """DSpark: the evaluate stage's confidence calibration, when there is one, travels with the export:
     `calibration.json` plus `confidence_temperatures` in config.json (the field DSpark checkpoints carry)."""
-    from drafters.dspark import calibration as cal
+    from draftsmith.drafters.dspark import calibration as cal
 
     url = storage.join(run_dir, "evaluate", cal.CALIBRATION_FILE)
     if not storage.exists(url):
@@ -280,8 +284,8 @@ def export_run(
     platform = platform or engines.detect_platform()
     if platform not in engines.PLATFORMS:
         raise guards.ExportError(f"platform {platform!r}: expected one of {', '.join(engines.PLATFORMS)}")
-    from draftsmith.config import load_recipe
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.config import load_recipe
+    from draftsmith.core.target_setup import resolve_target
 
     recipe = recipe or storage.join(run_dir, "recipe.yaml")
     if not storage.exists(str(recipe)):

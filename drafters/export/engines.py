@@ -92,7 +92,7 @@ def detect_platform() -> str:
 
 def vllm_cpu_python() -> Path:
     """The interpreter of the project's vLLM CPU environment (it may not be built yet)."""
-    from engines.vllm_offline import DEFAULT_VLLM_PYTHON
+    from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON
 
     return DEFAULT_VLLM_PYTHON
 

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from drafters import vocab
-from drafters.export import engines
+from draftsmith.drafters import vocab
+from draftsmith.drafters.export import engines
 
 if TYPE_CHECKING:
-    from draftsmith.manifest import StageManifest
+    from draftsmith.core.manifest import StageManifest
 
 
 class ExportError(ValueError):
@@ -90,7 +90,7 @@ def check_embedding(weight: torch.Tensor, target_embed_VH: torch.Tensor | None, 
 def check_checkpoint(train_dir: str) -> "StageManifest":
     """The train stage's manifest, after checking every file it lists against its recorded size and digest:
     an export of a damaged checkpoint would serve weights nobody trained."""
-    from draftsmith.stage import IntegrityError, verify_stage
+    from draftsmith.core.stage import IntegrityError, verify_stage
 
     try:
         manifest = verify_stage(train_dir)

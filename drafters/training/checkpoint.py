@@ -39,9 +39,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from drafters.training.fsdp import Dist
-from drafters.training.loop import Trainer
-from draftsmith import storage
+from draftsmith.core import storage
+from draftsmith.drafters.training.fsdp import Dist
+from draftsmith.drafters.training.loop import Trainer
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step-(\d{8})$")

@@ -1,7 +1,7 @@
 """FSDP2 for drafters: the process group, meta-device init, per-layer sharding and the consolidated weights.
 
 Every rank lays the drafter out on the meta device; rank 0 alone builds the real one (reading only the
-target's embedding and head, `drafters.training.target_parts`) and its weights reach the other ranks'
+target's embedding and head, `draftsmith.drafters.training.target_parts`) and its weights reach the other ranks'
 shards by broadcast, so no rank but 0 ever holds a full copy.
 
 Sharding units, each `fully_shard`ed before the root: the frozen target embedding (gathered for its lookup,
@@ -21,8 +21,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-from drafters.objective import StepLoss
-from draftsmith.config.train import DistributedConfig, MixedPrecisionConfig
+from draftsmith.core.config.train import DistributedConfig, MixedPrecisionConfig
+from draftsmith.drafters.objective import StepLoss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

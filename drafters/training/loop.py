@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from drafters.training.fsdp import Dist, TrainModule
-from drafters.training.metrics import DeferredMetrics
-from drafters.training.schedule import lr_lambda
-from draftsmith.config.train import TrainConfig
+from draftsmith.core.config.train import TrainConfig
+from draftsmith.drafters.training.fsdp import Dist, TrainModule
+from draftsmith.drafters.training.metrics import DeferredMetrics
+from draftsmith.drafters.training.schedule import lr_lambda
 
 
 class NonFiniteError(RuntimeError):

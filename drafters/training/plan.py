@@ -23,7 +23,7 @@ from functools import cached_property
 
 import torch
 
-from draftsmith.batching import group_by_length
+from draftsmith.core.batching import group_by_length
 
 
 @dataclass(frozen=True)

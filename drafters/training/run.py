@@ -17,22 +17,22 @@ from pathlib import Path
 
 import torch
 
-from drafters import data, families
-from drafters.objective import simulated_acc_len
-from drafters.training import flops, fsdp
-from drafters.training.checkpoint import Checkpoints
-from drafters.training.loop import Micro, Trainer, micro_seed
-from drafters.training.metrics import MetricsSink, summary_markdown
-from drafters.training.plan import MicroBatch, plan_epoch, plan_training
-from draftsmith import storage
-from draftsmith.config import HiddenStatesConfig, TargetConfig
-from draftsmith.config.drafter import parse_drafter
-from draftsmith.config.train import TrainConfig
-from draftsmith.manifest import StageManifest, file_entry
-from transport.mooncake_stream import StreamError
-from transport.offline_reader import OfflineDataset, PrefetchLoader
+from draftsmith.core import storage
+from draftsmith.core.config import HiddenStatesConfig, TargetConfig
+from draftsmith.core.config.drafter import parse_drafter
+from draftsmith.core.config.train import TrainConfig
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.drafters import data, families
+from draftsmith.drafters.objective import simulated_acc_len
+from draftsmith.drafters.training import flops, fsdp
+from draftsmith.drafters.training.checkpoint import Checkpoints
+from draftsmith.drafters.training.loop import Micro, Trainer, micro_seed
+from draftsmith.drafters.training.metrics import MetricsSink, summary_markdown
+from draftsmith.drafters.training.plan import MicroBatch, plan_epoch, plan_training
+from draftsmith.transport.mooncake_stream import StreamError
+from draftsmith.transport.offline_reader import OfflineDataset, PrefetchLoader
 
-log = logging.getLogger("drafters.training")
+log = logging.getLogger("draftsmith.drafters.training")
 # Fault injection for the resume test: rank 0 SIGKILLs torchrun and every rank right after this step.
 FAULT_ENV = "DRAFTSMITH_FAULT_SIGKILL_AT_STEP"
 Step = tuple[int, list[Micro]]  # (epoch, this rank's micro-batches of one optimizer step)
@@ -87,8 +87,8 @@ def online_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
     Each window of arrivals is planned like an offline epoch, so a one-epoch window in store order trains
     exactly as the offline store does.
     """
-    from tasks.hidden_states import token_samples
-    from tasks.hidden_stream import OnlineSource
+    from draftsmith.tasks.hidden_states import token_samples
+    from draftsmith.tasks.hidden_stream import OnlineSource
 
     hidden_cfg = HiddenStatesConfig.model_validate(job.hidden_cfg)
     target = TargetConfig.model_validate(job.target)

@@ -19,7 +19,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from draftsmith.config.train import TrainConfig
+from draftsmith.core.config.train import TrainConfig
 
 KINDS = ("cosine", "linear", "constant", "wsd")
 

@@ -1,6 +1,6 @@
 """The only target weights a trainer needs: its input embedding and lm_head, read from the safetensors alone.
 
-Building a drafter reads the target's config, embedding and lm_head (`drafters.families.BuildInputs`). A
+Building a drafter reads the target's config, embedding and lm_head (`draftsmith.drafters.families.BuildInputs`). A
 Kimi K3 target is a terabyte, so the trainer never loads it: the model is laid out on the meta device and
 just those two tensors are read from the checkpoint files (one tensor when the head is tied).
 
@@ -14,8 +14,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from draftsmith.config import TargetConfig
-from draftsmith.target_setup import resolve_target
+from draftsmith.core.config import TargetConfig
+from draftsmith.core.target_setup import resolve_target
 
 
 def _weight_files(folder: Path) -> dict[str, Path]:

@@ -1,6 +1,6 @@
-"""The torchrun entry point: `python -m drafters.training.worker --spec JOB.json`, one process per rank.
+"""The torchrun entry point: `python -m draftsmith.drafters.training.worker --spec JOB.json`, one process per rank.
 
-The `train` task writes the job spec, launches torchrun (`engines.torchrun`) and reads back `result.json`,
+The `train` task writes the job spec, launches torchrun (`draftsmith.engines.torchrun`) and reads back `result.json`,
 which rank 0 writes after the consolidated export. Every rank builds the same plan from the sample lengths,
 shards the drafter, resumes from the newest complete checkpoint and trains its own micro-batches. Each rank
 beats a heartbeat for the launcher (`engines.rank_health.start_heartbeat`), bounded by `train.distributed.timeout_s`.
@@ -19,24 +19,24 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-import kernels
-from drafters import families
-from drafters.training import fsdp, run
-from drafters.training.checkpoint import Checkpoints
-from drafters.training.loop import Trainer
-from drafters.training.target_parts import load_target_parts, target_head
-from draftsmith import procs, storage, tensorio
-from draftsmith.config import HiddenStatesConfig, TargetConfig
-from draftsmith.config.drafter import parse_drafter
-from draftsmith.config.train import TrainConfig
-from engines import rank_health
+from draftsmith import kernels
+from draftsmith.core import procs, storage, tensorio
+from draftsmith.core.config import HiddenStatesConfig, TargetConfig
+from draftsmith.core.config.drafter import parse_drafter
+from draftsmith.core.config.train import TrainConfig
+from draftsmith.drafters import families
+from draftsmith.drafters.training import fsdp, run
+from draftsmith.drafters.training.checkpoint import Checkpoints
+from draftsmith.drafters.training.loop import Trainer
+from draftsmith.drafters.training.target_parts import load_target_parts, target_head
+from draftsmith.engines import rank_health
 
-log = logging.getLogger("drafters.training")
+log = logging.getLogger("draftsmith.drafters.training")
 
 
 @dataclass
 class TrainJob:
-    """Everything the ranks need, as JSON (`python -m drafters.training.worker --spec FILE`)."""
+    """Everything the ranks need, as JSON (`python -m draftsmith.drafters.training.worker --spec FILE`)."""
 
     train: dict
     drafter: dict

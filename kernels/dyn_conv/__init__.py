@@ -5,8 +5,8 @@ Shape legend: B batch, Q queries, H channels, T taps, G channel groups.
 
 import torch
 
-from kernels import dispatch
-from kernels.dyn_conv.reference import dyn_conv_reference
+from draftsmith.kernels import dispatch
+from draftsmith.kernels.dyn_conv.reference import dyn_conv_reference
 
 
 def dyn_conv(
@@ -35,7 +35,7 @@ def dyn_conv(
     pow2 = gs & (gs - 1) == 0
     if not pow2 or dispatch.choose("dyn_conv", x.device, mode) == "reference":
         return dyn_conv_reference(x, base_TH, delta, block_size, Q).view(B, Q, H)
-    from kernels.dyn_conv.function import DynConvFunction
+    from draftsmith.kernels.dyn_conv.function import DynConvFunction
 
     return DynConvFunction.apply(x, base_TH, delta, block_size, Q, gs).view(B, Q, H)
 

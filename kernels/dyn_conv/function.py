@@ -6,7 +6,7 @@ Shape legend: R rows, H channels, T taps, G groups, P row blocks.
 import torch
 import triton
 
-from kernels.dyn_conv.triton_kernels import conv_bwd_kernel, conv_fwd_kernel
+from draftsmith.kernels.dyn_conv.triton_kernels import conv_bwd_kernel, conv_fwd_kernel
 
 BLOCK_R = 16
 

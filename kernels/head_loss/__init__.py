@@ -5,10 +5,10 @@ Shape legend: T rows, D drafter width, V output vocabulary, r extra (Markov) ran
 
 import torch
 
-from kernels import dispatch
-from kernels.head_loss.eager import head_loss_eager
-from kernels.head_loss.reference import head_loss_reference
-from kernels.head_loss.spec import HeadLossOut, Target, row_weights
+from draftsmith.kernels import dispatch
+from draftsmith.kernels.head_loss.eager import head_loss_eager
+from draftsmith.kernels.head_loss.reference import head_loss_reference
+from draftsmith.kernels.head_loss.spec import HeadLossOut, Target, row_weights
 
 # fp32 elements of one chunk's `[C, V]` buffer (256 MiB): C = budget // V rows per chunk.
 DEFAULT_BUDGET = 1 << 26
@@ -78,7 +78,7 @@ def head_loss(
         if (mode or dispatch.get_mode()) == "reference" or not torch.is_grad_enabled():
             return head_loss_reference(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows)
         return head_loss_eager(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows)
-    from kernels.head_loss.function import head_loss_triton
+    from draftsmith.kernels.head_loss.function import head_loss_triton
 
     bv = block_v or min(1024, max(16, 1 << (V - 1).bit_length()))
     return head_loss_triton(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows, bv)

@@ -17,8 +17,8 @@ Shape legend: T rows, C rows of a chunk, V output vocabulary.
 
 import torch
 
-from kernels.head_loss.function import fused_head_loss
-from kernels.head_loss.spec import HeadLossOut, Target
+from draftsmith.kernels.head_loss.function import fused_head_loss
+from draftsmith.kernels.head_loss.spec import HeadLossOut, Target
 
 
 def rows_eager(

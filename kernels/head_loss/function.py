@@ -19,15 +19,15 @@ import functools
 
 import torch
 
-from kernels.head_loss.reference import draft_logits
-from kernels.head_loss.spec import HeadLossOut, Target
+from draftsmith.kernels.head_loss.reference import draft_logits
+from draftsmith.kernels.head_loss.spec import HeadLossOut, Target
 
 
 def _launch(z_CV, zt_CV, labels_T, w3_T, out3_T, arg2_T, row0, need_l1, *, block_v):
     import triton
 
-    from kernels.dispatch import interpreting
-    from kernels.head_loss.triton_kernels import head_rows_kernel
+    from draftsmith.kernels.dispatch import interpreting
+    from draftsmith.kernels.head_loss.triton_kernels import head_rows_kernel
 
     C, V = z_CV.shape
     has_t = zt_CV is not None

@@ -10,7 +10,7 @@ Shape legend: T rows, D drafter width, V output vocabulary, r extra rank, C rows
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from kernels.head_loss.spec import FLOOR, HeadLossOut, Target
+from draftsmith.kernels.head_loss.spec import FLOOR, HeadLossOut, Target
 
 
 def draft_logits(x_TD, weight_VD, extra_x_Tr=None, extra_weight_Vr=None) -> torch.Tensor:

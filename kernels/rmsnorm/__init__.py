@@ -5,8 +5,8 @@ Shape legend: `...` leading dims, n segments (taps), H segment width.
 
 import torch
 
-from kernels import dispatch
-from kernels.rmsnorm.reference import rms_norm_reference
+from draftsmith.kernels import dispatch
+from draftsmith.kernels.rmsnorm.reference import rms_norm_reference
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, mode: str | None = None) -> torch.Tensor:
@@ -20,7 +20,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, mode: str | N
     rows = x.reshape(-1, n * H)
     if dispatch.choose("rms_norm", x.device, mode) == "reference":
         return rms_norm_reference(rows, w, eps).view(x.shape)
-    from kernels.rmsnorm.function import RMSNormFunction
+    from draftsmith.kernels.rmsnorm.function import RMSNormFunction
 
     return RMSNormFunction.apply(rows, w, eps).view(x.shape)
 

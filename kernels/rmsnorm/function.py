@@ -6,8 +6,8 @@ Shape legend: R rows, n segments, H segment width, P row blocks.
 import torch
 import triton
 
-from kernels.dispatch import interpreting
-from kernels.rmsnorm.triton_kernels import rms_bwd_kernel, rms_fwd_kernel
+from draftsmith.kernels.dispatch import interpreting
+from draftsmith.kernels.rmsnorm.triton_kernels import rms_bwd_kernel, rms_fwd_kernel
 
 
 def _block_r() -> int:

@@ -1,4 +1,4 @@
-"""The PyTorch reference of (multi-segment) RMSNorm, as `drafters.layers.RMSNorm` computes it.
+"""The PyTorch reference of (multi-segment) RMSNorm, as `draftsmith.drafters.layers.RMSNorm` computes it.
 
 Shape legend: R rows, n segments (taps), H segment width.
 """

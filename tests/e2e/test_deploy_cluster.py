@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftsmith.config import PipelineConfig, load_recipe
-from draftsmith.config.stages import Resources
+from draftsmith.core.config import PipelineConfig, load_recipe
+from draftsmith.core.config.stages import Resources
 from draftsmith.deploy import load_inventory
 from draftsmith.pools import gpu_limit_commands, gpu_limit_name, gpu_slots, load_base_job_template
 from tests.e2e.prefect_server import DRAFTSMITH, PREFECT, ROOT, Server, deployable_copy, get_json, run_cli
@@ -148,7 +148,7 @@ def _cli_commands_see_the_same_pool(server: Server) -> None:
 
 RESULT_FLOW = """
 from prefect import flow, task
-from draftsmith.manifest import StageManifest
+from draftsmith.core.manifest import StageManifest
 
 @task(persist_result=True)
 def stage() -> StageManifest:
@@ -190,7 +190,7 @@ def _results_land_on_s3(server: Server, tmp_path: Path) -> None:
         records = [r for r in map(json.loads, map(fs.cat_file, stored)) if isinstance(r, dict)]
         manifests = [json.loads(r["result"]) for r in records if r["metadata"]["serializer"]["type"] == "json"]
         assert [(m["__class__"], m["data"]["counts"]) for m in manifests] == [
-            ("draftsmith.manifest.StageManifest", {"rows": 42})
+            ("draftsmith.core.manifest.StageManifest", {"rows": 42})
         ], records
 
 

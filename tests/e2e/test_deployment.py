@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftsmith.config import PipelineConfig
-from draftsmith.config.drafter import DSparkConfig
+from draftsmith.core.config import PipelineConfig
+from draftsmith.core.config.drafter import DSparkConfig
 from draftsmith.pools import load_base_job_template
 from tests.e2e.prefect_server import (
     _HTTP,

@@ -7,11 +7,11 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.testing.utilities import prefect_test_harness
 
-from draftsmith import storage
-from draftsmith.dispatch import UPSTREAM
-from flows.hidden_states import hidden_states_flow
-from flows.pipeline import kimi_k3
-from flows.stages import key_here
+from draftsmith.core import storage
+from draftsmith.flows.dispatch import UPSTREAM
+from draftsmith.flows.hidden_states import hidden_states_flow
+from draftsmith.flows.pipeline import kimi_k3
+from draftsmith.flows.stages import key_here
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 STAGES = ["select_prompts", "regenerate", "tokenize", "hidden_states", "train", "evaluate"]

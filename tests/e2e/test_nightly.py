@@ -10,9 +10,9 @@ from prefect.client.orchestration import get_client
 from prefect.testing.utilities import prefect_test_harness
 
 from draftsmith import cli
-from draftsmith.config import NightlyConfig
-from flows.nightly import nightly_regression
-from tasks import regression
+from draftsmith.core.config import NightlyConfig
+from draftsmith.flows.nightly import nightly_regression
+from draftsmith.tasks import regression
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

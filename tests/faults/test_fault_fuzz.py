@@ -26,12 +26,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from draftsmith import cli
-from draftsmith.config import RecipeError, load_recipe
-from draftsmith.config.select import PromptSource
-from draftsmith.rejects import Rejects
-from draftsmith.target_setup import resolve_target
-from tasks import prompt_filters, token_encode, token_rows
-from tasks.prompt_sources import load_sources, read_prompts_jsonl
+from draftsmith.core.config import RecipeError, load_recipe
+from draftsmith.core.config.select import PromptSource
+from draftsmith.core.rejects import Rejects
+from draftsmith.core.target_setup import resolve_target
+from draftsmith.tasks import prompt_filters, token_encode, token_rows
+from draftsmith.tasks.prompt_sources import load_sources, read_prompts_jsonl
 from tests.conftest import RECIPES, ROOT
 
 pytestmark = pytest.mark.unit

@@ -14,10 +14,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from draftsmith import cli
-from draftsmith.stage import load_manifest
-from tasks.hidden_states import capture_hidden_states
-from tasks.tokenization import tokenize
-from tasks.train import train
+from draftsmith.core.stage import load_manifest
+from draftsmith.tasks.hidden_states import capture_hidden_states
+from draftsmith.tasks.tokenization import tokenize
+from draftsmith.tasks.train import train
 
 pytestmark = pytest.mark.integration
 

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-import flows.pipeline
-from draftsmith import cli, runlock, storage
-from draftsmith.stage import StageResult, run_stage
+import draftsmith.flows.pipeline
+from draftsmith import cli
+from draftsmith.core import runlock, storage
+from draftsmith.core.stage import StageResult, run_stage
 from tests.conftest import RECIPES
 
 ROOT = Path(__file__).resolve().parents[2]
 _HOLD = """
 import sys, time
-from draftsmith import runlock
+from draftsmith.core import runlock
 with runlock.hold(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)
@@ -42,8 +43,8 @@ def reached(monkeypatch) -> list[str]:
         stages.append(stage)
         raise ValueError("stopped at the first stage")
 
-    monkeypatch.setattr(flows.pipeline, "run_here", here)
-    monkeypatch.setattr(flows.pipeline, "kimi_k3", flows.pipeline.kimi_k3.fn)
+    monkeypatch.setattr(draftsmith.flows.pipeline, "run_here", here)
+    monkeypatch.setattr(draftsmith.flows.pipeline, "kimi_k3", draftsmith.flows.pipeline.kimi_k3.fn)
     monkeypatch.delenv("DRAFTSMITH_DEBUG", raising=False)
     return stages
 
@@ -96,7 +97,7 @@ def test_nested_hold_in_one_process_is_not_a_second_writer(tmp_path):
 
 _KILLED_WRITE = """
 import os, signal, sys
-from draftsmith import storage
+from draftsmith.core import storage
 os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # die between the temp file and its rename
 storage.write_jsonl(sys.argv[1], [{"id": 1}])
 """

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks._fault_stream import DEATH_S, MASTER_TIMEOUT_S, master_killed, parent_killed
-from engines.torchrun import GRACE_S
-from transport.mooncake_store import MooncakeMaster, stop_process
-from transport.mooncake_stream import MASTER_PROBE_S, MasterLost, MooncakeStream
+from draftsmith.engines.torchrun import GRACE_S
+from draftsmith.transport.mooncake_store import MooncakeMaster, stop_process
+from draftsmith.transport.mooncake_stream import MASTER_PROBE_S, MasterLost, MooncakeStream
 
 pytestmark = pytest.mark.integration
 

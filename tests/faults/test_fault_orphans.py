@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 _LAUNCHER = """
 import contextlib, logging, sys
 try:
-    from draftsmith.runlock import hold
+    from draftsmith.core.runlock import hold
 except ImportError:
     hold = lambda run_dir: contextlib.nullcontext()
-from engines.torchrun import TorchrunSpec, run_torchrun
+from draftsmith.engines.torchrun import TorchrunSpec, run_torchrun
 run_dir, pid_dir, root = sys.argv[1:4]
 spec = TorchrunSpec(module="tests.faults.test_fault_orphans", args=[pid_dir], nnodes=1, nproc_per_node=2,
                     threads_per_rank=1)
@@ -33,7 +33,7 @@ DEATH_S = 5.0
 
 
 def _alive(pid: int) -> bool:
-    from engines.torchrun import process_alive
+    from draftsmith.engines.torchrun import process_alive
 
     return process_alive(pid)
 
@@ -76,7 +76,7 @@ def test_sigkill_of_the_launcher_leaves_no_torchrun_or_rank(tmp_path):
         assert not left, f"still running {DEATH_S:g} s after the launcher was killed: {left} of {pids}"
         assert lock in fds, f"torchrun did not hold the run folder's lock file open: {fds}"
 
-        from draftsmith import runlock
+        from draftsmith.core import runlock
 
         # Nobody holds it any more, within the same bound: a helper process the ranks started (not among the
         # recorded pids) can still be closing its inherited copy of the lock file for a moment on a loaded machine.
@@ -102,7 +102,7 @@ def test_sigkill_of_the_launcher_leaves_no_torchrun_or_rank(tmp_path):
 # The tokenize stage's pool, as the stage starts it, both workers busy; the owner records their pids and sleeps.
 _POOL_OWNER = """
 import json, multiprocessing as mp, os, sys, time
-from tasks import token_encode
+from draftsmith.tasks import token_encode
 tok_path, out = sys.argv[1:3]
 opts = token_encode.Options(64, "truncate", False, 0)
 pool = mp.get_context("spawn").Pool(2, token_encode._init_worker, (tok_path, "chat_template", opts, True, os.getpid()))
@@ -118,7 +118,7 @@ time.sleep(120)
 @pytest.mark.integration
 @pytest.mark.timeout(150)
 def test_sigkill_of_the_tokenize_stage_leaves_no_pool_worker(tiny_cfg, tmp_path):
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     tok_path = str(resolve_target(tiny_cfg.target.source, tokenizer_only=True))
     out = tmp_path / "workers.json"
@@ -149,10 +149,10 @@ def test_sigkill_of_the_tokenize_stage_leaves_no_pool_worker(tiny_cfg, tmp_path)
 
 if __name__ == "__main__":
     try:
-        from draftsmith.procs import die_with_parent
+        from draftsmith.core.procs import die_with_parent
     except ImportError:
         pass
     else:
-        die_with_parent()  # what drafters.training.worker does first
+        die_with_parent()  # what draftsmith.drafters.training.worker does first
     Path(sys.argv[1], f"{os.getpid()}.pid").write_text(str(os.getppid()))
     time.sleep(120)

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from drafters.training.checkpoint import Checkpoints, UnsafeCheckpointError, load_dcp
-from drafters.training.fsdp import Dist
+from draftsmith.drafters.training.checkpoint import Checkpoints, UnsafeCheckpointError, load_dcp
+from draftsmith.drafters.training.fsdp import Dist
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from draftsmith import storage
-from draftsmith.config import SelectConfig
-from tasks.select_prompts import read_prompts, select_prompts
+from draftsmith.core import storage
+from draftsmith.core.config import SelectConfig
+from draftsmith.tasks.select_prompts import read_prompts, select_prompts
 
 pytestmark = pytest.mark.integration
 LONG_ID = "huge-0"

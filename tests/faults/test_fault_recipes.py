@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith import cli
-from draftsmith.config import RecipeError, load_recipe
+from draftsmith.core.config import RecipeError, load_recipe
 from tests.conftest import RECIPES
 
 pytestmark = pytest.mark.unit

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-import flows.pipeline
+import draftsmith.flows.pipeline
 from draftsmith import cli
-from draftsmith.rejects import RejectedShareError
-from tasks.select_prompts import select_prompts
+from draftsmith.core.rejects import RejectedShareError
+from draftsmith.tasks.select_prompts import select_prompts
 from tests.conftest import RECIPES
 
 
@@ -40,8 +40,8 @@ def flow_without_server(monkeypatch):
         assert stage == "select_prompts", "only the failing first stage runs"
         return select_prompts(config.select, config.target, seed=config.seed, out_uri=f"{run_dir}/{stage}")
 
-    monkeypatch.setattr(flows.pipeline, "run_here", here)
-    monkeypatch.setattr(flows.pipeline, "kimi_k3", flows.pipeline.kimi_k3.fn)
+    monkeypatch.setattr(draftsmith.flows.pipeline, "run_here", here)
+    monkeypatch.setattr(draftsmith.flows.pipeline, "kimi_k3", draftsmith.flows.pipeline.kimi_k3.fn)
     monkeypatch.delenv("DRAFTSMITH_DEBUG", raising=False)
 
 

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-import flows.pipeline
+import draftsmith.flows.pipeline
 from benchmarks._fault_storage import READ_ONLY, read_only_bucket, s3_env, s3_restart
 from draftsmith import cli
-from draftsmith.storage import StorageRefused, StorageUnavailable
+from draftsmith.core.storage import StorageRefused, StorageUnavailable
 from tests.conftest import RECIPES
 from tests.s3_weed import WeedServer
 
@@ -66,7 +66,9 @@ def test_draftsmith_run_into_a_read_only_bucket_ends_with_one_line_and_exit_2(tm
     # cli.main sets its environment defaults in this process: keep them from other tests.
     monkeypatch.setattr(os, "environ", os.environ.copy())
     monkeypatch.delenv("DRAFTSMITH_DEBUG", raising=False)
-    monkeypatch.setattr(flows.pipeline, "kimi_k3", flows.pipeline.kimi_k3.fn)  # the flow's body, no server
+    monkeypatch.setattr(
+        draftsmith.flows.pipeline, "kimi_k3", draftsmith.flows.pipeline.kimi_k3.fn
+    )  # the flow's body, no server
     run_dir = "s3://draftsmith/runs/tiny-cpu"
     with WeedServer(tmp_path / "weed", identities=[READ_ONLY]) as weed:
         reader = {"AWS_ACCESS_KEY_ID": READ_ONLY["key"], "AWS_SECRET_ACCESS_KEY": READ_ONLY["secret"]}

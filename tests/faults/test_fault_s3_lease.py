@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from draftsmith import runlock
+from draftsmith.core import runlock
 from tests.s3_weed import weed_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -22,7 +22,7 @@ LEASE_S = 10.0
 # A second run in its own process: holds the folder for argv[2] seconds, or reports why it cannot.
 _RUN = """
 import sys, time
-from draftsmith.runlock import RunFolderBusy, hold
+from draftsmith.core.runlock import RunFolderBusy, hold
 try:
     with hold(sys.argv[1], lease_s=float(sys.argv[3])):
         print("held", flush=True)
@@ -50,7 +50,7 @@ def _other(url: str, seconds: float, **kw) -> subprocess.Popen:
 
 
 def _lease(url: str) -> dict | None:
-    from draftsmith import storage
+    from draftsmith.core import storage
 
     lock = storage.join(url, runlock.LOCK_NAME)
     return json.loads(storage.read_bytes(lock)) if storage.exists(lock) else None

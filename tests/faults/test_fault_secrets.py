@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from draftsmith.redact import MASK, install_log_redaction, redact, register_secret
-from engines.base import ChatRequest, SamplingParams
-from engines.openai_http import EngineRequestError, EngineUnavailableError, OpenAIEngine
+from draftsmith.core.redact import MASK, install_log_redaction, redact, register_secret
+from draftsmith.engines.base import ChatRequest, SamplingParams
+from draftsmith.engines.openai_http import EngineRequestError, EngineUnavailableError, OpenAIEngine
 
 pytestmark = pytest.mark.unit
 KEY = "sk-faults-0123456789abcdef"

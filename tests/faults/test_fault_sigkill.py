@@ -30,14 +30,14 @@ TIMED = {"evaluate": {"results.json", "prompts.jsonl"}, "train": {"metrics.jsonl
 
 
 def _run_stages(run_dir: str) -> None:
-    from draftsmith.config import load_recipe
-    from draftsmith.runlock import hold
-    from tasks.evaluate import evaluate
-    from tasks.hidden_states import capture_hidden_states
-    from tasks.regenerate import regenerate
-    from tasks.select_prompts import select_prompts
-    from tasks.tokenization import tokenize
-    from tasks.train import train
+    from draftsmith.core.config import load_recipe
+    from draftsmith.core.runlock import hold
+    from draftsmith.tasks.evaluate import evaluate
+    from draftsmith.tasks.hidden_states import capture_hidden_states
+    from draftsmith.tasks.regenerate import regenerate
+    from draftsmith.tasks.select_prompts import select_prompts
+    from draftsmith.tasks.tokenization import tokenize
+    from draftsmith.tasks.train import train
 
     c = load_recipe(RECIPE)
     with hold(run_dir):

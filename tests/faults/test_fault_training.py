@@ -3,7 +3,7 @@ exporting a drafter that only looks trained."""
 
 import pytest
 
-from tasks.train import train
+from draftsmith.tasks.train import train
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from transport.mooncake_store import MooncakeSettings
-from transport.mooncake_stream import MooncakeProducer, StreamError
-from transport.sample import HiddenSample, StoreCodec
+from draftsmith.transport.mooncake_store import MooncakeSettings
+from draftsmith.transport.mooncake_stream import MooncakeProducer, StreamError
+from draftsmith.transport.sample import HiddenSample, StoreCodec
 
 
 def make_sample(seed: int, i: int, *, num_taps: int, hidden: int, min_len: int, max_len: int) -> HiddenSample:

@@ -5,9 +5,9 @@ import contextlib
 import pytest
 import torch
 
-from draftsmith.batching import group_by_length
-from engines import hf
-from engines.hidden_capture import HFCapture
+from draftsmith.core.batching import group_by_length
+from draftsmith.engines import hf
+from draftsmith.engines.hidden_capture import HFCapture
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ greedy decoding.
 
 import pytest
 
-from draftsmith import storage
-from draftsmith.config import PipelineConfig
-from tasks.evaluate import evaluate
-from tasks.train import train
+from draftsmith.core import storage
+from draftsmith.core.config import PipelineConfig
+from draftsmith.tasks.evaluate import evaluate
+from draftsmith.tasks.train import train
 
 pytestmark = pytest.mark.integration
 

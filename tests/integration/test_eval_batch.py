@@ -8,8 +8,8 @@
 
 import pytest
 
-from draftsmith import storage
-from tasks.evaluate import evaluate
+from draftsmith.core import storage
+from draftsmith.tasks.evaluate import evaluate
 
 pytestmark = pytest.mark.integration
 

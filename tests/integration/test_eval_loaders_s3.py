@@ -1,10 +1,10 @@
-"""Benchmark files on a real S3 server (SeaweedFS `weed mini` on loopback), read through draftsmith.storage."""
+"""Benchmark files on a real S3 server (SeaweedFS `weed mini` on loopback), read through draftsmith.core.storage."""
 
 import json
 
 import pytest
 
-from evals.loaders import BenchFileError, load_bench
+from draftsmith.evals.loaders import BenchFileError, load_bench
 from tests.s3_weed import weed_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON
-from evals.sweep import DEFAULT_PROMPTS, PERCENTILES, SweepConfig, sweep_server
-from evals.sweep_bench import parse_spec_counters
+from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON
+from draftsmith.evals.sweep import DEFAULT_PROMPTS, PERCENTILES, SweepConfig, sweep_server
+from draftsmith.evals.sweep_bench import parse_spec_counters
 
 pytestmark = [
     pytest.mark.integration,
@@ -33,14 +33,14 @@ CFG = SweepConfig(
 
 @pytest.fixture(scope="module")
 def target_dir() -> str:
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     return str(resolve_target("embedded:smollm2-135m-instruct"))
 
 
 @pytest.fixture(scope="module")
 def sweeps(target_dir, tmp_path_factory) -> dict[str, dict]:
-    from drafters.export import bundle
+    from draftsmith.drafters.export import bundle
     from tests.integration.test_vllm_serve_drafters import _random_eagle3
 
     tmp = tmp_path_factory.mktemp("sweep")

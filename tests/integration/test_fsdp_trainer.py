@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from drafters.training.metrics import read_jsonl
-from drafters.training.run import FAULT_ENV
-from engines.torchrun import TorchrunError
-from tasks.train import train
+from draftsmith.drafters.training.metrics import read_jsonl
+from draftsmith.drafters.training.run import FAULT_ENV
+from draftsmith.engines.torchrun import TorchrunError
+from draftsmith.tasks.train import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from transport.mooncake_store import MooncakeMaster, stop_process
-from transport.mooncake_stream import MooncakeStream, StreamError, wire_key
-from transport.sample import StoreCodec, decode, encode
+from draftsmith.transport.mooncake_store import MooncakeMaster, stop_process
+from draftsmith.transport.mooncake_stream import MooncakeStream, StreamError, wire_key
+from draftsmith.transport.sample import StoreCodec, decode, encode
 
 pytestmark = pytest.mark.integration
 
@@ -182,9 +182,10 @@ def test_producer_raises_when_the_consumer_goes_away(master, tmp_path):
 
 @pytest.mark.timeout(60)
 def test_cli_replays_an_offline_store_bitwise(master, tmp_path):
-    """`python -m transport.mooncake_stream produce --store URI` sends each sample's stored bytes unchanged."""
-    from transport.offline_reader import OfflineDataset
-    from transport.offline_store import StoreInfo, write_store
+    """`python -m draftsmith.transport.mooncake_stream produce --store URI` sends each sample's stored bytes
+    unchanged."""
+    from draftsmith.transport.offline_reader import OfflineDataset
+    from draftsmith.transport.offline_store import StoreInfo, write_store
 
     codec = StoreCodec("fp8_e4m3", "supervised", num_taps=2)
     samples = [producer_main.make_sample(3, i, num_taps=2, hidden=64, min_len=5, max_len=40) for i in range(6)]
@@ -193,7 +194,7 @@ def test_cli_replays_an_offline_store_bitwise(master, tmp_path):
     offline = OfflineDataset(str(tmp_path / "store"))
     settings = master.settings(global_segment_bytes=32 << 20)
     with MooncakeStream(settings, codec=codec, peer_timeout_s=10, connect_timeout_s=30) as stream:
-        args = [sys.executable, "-m", "transport.mooncake_stream", "produce", f"--queue={stream.address}"]
+        args = [sys.executable, "-m", "draftsmith.transport.mooncake_stream", "produce", f"--queue={stream.address}"]
         args += [f"--settings={json.dumps(dataclasses.asdict(master.settings(global_segment_bytes=0)))}"]
         args += [f"--store={tmp_path / 'store'}", "--run-id=run-cli", "--producer-id=cli"]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -212,7 +213,7 @@ def test_cli_replays_an_offline_store_bitwise(master, tmp_path):
 @pytest.mark.parametrize("case", ["duplicate", "count"])
 def test_duplicate_seq_and_wrong_end_count_are_errors(master, case):
     """Exactly-once is enforced on (producer, seq): a replayed record, or an end count that disagrees, raises."""
-    from transport.meta_queue import MetaQueueClient
+    from draftsmith.transport.meta_queue import MetaQueueClient
 
     codec = StoreCodec()
     settings = master.settings(global_segment_bytes=16 << 20)

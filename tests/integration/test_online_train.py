@@ -4,9 +4,9 @@ so the drafter trained online is bitwise the drafter trained from the store."""
 
 import pytest
 
-from draftsmith import storage
-from engines.torchrun import TorchrunError
-from tasks.train import train
+from draftsmith.core import storage
+from draftsmith.engines.torchrun import TorchrunError
+from draftsmith.tasks.train import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

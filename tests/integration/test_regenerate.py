@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import storage
-from draftsmith.rejects import RejectedShareError
-from draftsmith.stage import valid_manifest
-from engines import hf
-from engines.base import ChatRequest, Completion, SamplingParams, template_hash
-from engines.openai_http import EngineRequestError
-from tasks.prompt_pool import PromptRecord
-from tasks.regenerate import read_conversations, regenerate, regenerate_records
-from tasks.select_prompts import read_prompts
+from draftsmith.core import storage
+from draftsmith.core.rejects import RejectedShareError
+from draftsmith.core.stage import valid_manifest
+from draftsmith.engines import hf
+from draftsmith.engines.base import ChatRequest, Completion, SamplingParams, template_hash
+from draftsmith.engines.openai_http import EngineRequestError
+from draftsmith.tasks.prompt_pool import PromptRecord
+from draftsmith.tasks.regenerate import read_conversations, regenerate, regenerate_records
+from draftsmith.tasks.select_prompts import read_prompts
 
 pytestmark = pytest.mark.integration
 
@@ -230,9 +230,9 @@ def test_permanent_failure_fails_the_stage_and_keeps_committed_chunks(tiny_cfg, 
 
 KILL_SCRIPT = """
 import sys
-from draftsmith.config import load_recipe
-from tasks.select_prompts import select_prompts
-from tasks.regenerate import regenerate
+from draftsmith.core.config import load_recipe
+from draftsmith.tasks.select_prompts import select_prompts
+from draftsmith.tasks.regenerate import regenerate
 c = load_recipe(sys.argv[1], {"regenerate.shard_size": 1, "regenerate.batch_size": 1, "regenerate.max_new_tokens": 4})
 p = select_prompts(c.select, c.target, seed=c.seed, out_uri=sys.argv[2] + "/select")
 regenerate(c.regenerate, c.target, p, seed=c.seed, out_uri=sys.argv[2] + "/regenerate")
@@ -240,8 +240,8 @@ regenerate(c.regenerate, c.target, p, seed=c.seed, out_uri=sys.argv[2] + "/regen
 
 
 def test_sigkill_mid_run_then_resume_answers_every_prompt_once(tmp_path):
-    from draftsmith.config import load_recipe
-    from tasks.select_prompts import select_prompts
+    from draftsmith.core.config import load_recipe
+    from draftsmith.tasks.select_prompts import select_prompts
 
     recipe = str(ROOT / "deployments/recipes/tiny-cpu.yaml")
     killed, clean = str(tmp_path / "killed"), str(tmp_path / "clean")

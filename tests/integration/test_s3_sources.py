@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from draftsmith.config.select import PromptSource
-from draftsmith.rejects import Rejects
-from tasks.prompt_sources import load_sources, source_fingerprint
+from draftsmith.core.config.select import PromptSource
+from draftsmith.core.rejects import Rejects
+from draftsmith.tasks.prompt_sources import load_sources, source_fingerprint
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ import textwrap
 
 import pytest
 
-from draftsmith import storage
+from draftsmith.core import storage
+from draftsmith.transport.offline_reader import OfflineDataset
+from draftsmith.transport.offline_store import COMMITS, ShardWriter, shard_name, write_store
+from draftsmith.transport.sample import StoreCodec, decode, encode
 from tests.s3_weed import weed_s3
 from tests.unit.test_offline_store import assert_same, info, samples
-from transport.offline_reader import OfflineDataset
-from transport.offline_store import COMMITS, ShardWriter, shard_name, write_store
-from transport.sample import StoreCodec, decode, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 CODEC = StoreCodec("bfloat16", "all", 3)
@@ -63,8 +63,8 @@ CHILD = textwrap.dedent(
     import functools, sys, time
     import s3fs.core
     from tests.unit.test_offline_store import info, samples
-    from transport.offline_store import ShardWriter
-    from transport.sample import StoreCodec
+    from draftsmith.transport.offline_store import ShardWriter
+    from draftsmith.transport.sample import StoreCodec
     import torch
 
     fs_cls = s3fs.core.S3FileSystem
@@ -112,7 +112,7 @@ def test_a_writer_killed_mid_upload_leaves_no_partial_shard(s3):
 
 
 def test_the_stage_writes_the_same_store_to_s3_as_to_disk(s3, tiny_cfg, tiny_run):
-    from tasks.hidden_states import capture_hidden_states
+    from draftsmith.tasks.hidden_states import capture_hidden_states
 
     c = tiny_cfg
     m = capture_hidden_states(c.hidden_states, c.target, tiny_run["tokenize"], out_uri="s3://draftsmith/tiny/hs")

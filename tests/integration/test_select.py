@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import storage
-from draftsmith.config import SelectConfig, load_recipe
-from draftsmith.rejects import RejectedShareError
-from tasks.select_prompts import publish_report, read_prompts, select_prompts
+from draftsmith.core import storage
+from draftsmith.core.config import SelectConfig, load_recipe
+from draftsmith.core.rejects import RejectedShareError
+from draftsmith.tasks.select_prompts import publish_report, read_prompts, select_prompts
 
 pytestmark = pytest.mark.integration
 

@@ -17,15 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from drafters import vocab
-from drafters.dflash import export as dflash_export
-from drafters.dflash.model import DFlashDrafter
-from drafters.dflash.spec import DFlashSpec
-from drafters.dspark import export as dspark_export
-from drafters.dspark.model import DSparkDrafter, DSparkSpec
-from drafters.eagle3 import export as eagle3_export
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.export import bundle
+from draftsmith.drafters import vocab
+from draftsmith.drafters.dflash import export as dflash_export
+from draftsmith.drafters.dflash.model import DFlashDrafter
+from draftsmith.drafters.dflash.spec import DFlashSpec
+from draftsmith.drafters.dspark import export as dspark_export
+from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec
+from draftsmith.drafters.eagle3 import export as eagle3_export
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.export import bundle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -137,7 +137,7 @@ def interop(tmp_path_factory) -> dict:
     """`{job: (our outputs, peer outputs, load report)}` for every case and for the swapped controls."""
     if not PEER_PYTHON.exists():
         pytest.skip(f"no speculators environment at {PEER_PYTHON} (make {PEER_PYTHON.parents[1].name}/.installed)")
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     target = resolve_target("embedded:tiny-llama")
     embed, head = bundle.target_weights(target)

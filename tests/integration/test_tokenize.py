@@ -5,13 +5,13 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from draftsmith import storage
-from draftsmith.manifest import FileEntry, StageManifest
-from draftsmith.rejects import RejectedShareError
-from draftsmith.target_setup import resolve_target
-from engines.base import template_hash
-from tasks import token_encode
-from tasks.tokenization import read_token_shard, tokenize
+from draftsmith.core import storage
+from draftsmith.core.manifest import FileEntry, StageManifest
+from draftsmith.core.rejects import RejectedShareError
+from draftsmith.core.target_setup import resolve_target
+from draftsmith.engines.base import template_hash
+from draftsmith.tasks import token_encode
+from draftsmith.tasks.tokenization import read_token_shard, tokenize
 
 pytestmark = pytest.mark.integration
 

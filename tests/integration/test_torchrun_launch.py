@@ -1,4 +1,4 @@
-"""engines.torchrun for real: 2 gloo ranks launched by torchrun, their lines streamed into the logger, a rank's
+"""`engines.torchrun` for real: 2 gloo ranks launched by torchrun, their lines streamed into the logger, a rank's
 exception surfaced with its rank and traceback, a hung rank killed on timeout with no process left behind.
 Plus the multi-node command line (c10d rendezvous from the env an Indexed Job gives each pod)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.torchrun import (
+from draftsmith.engines.torchrun import (
     GRACE_S,
     TorchrunError,
     TorchrunSpec,
@@ -107,7 +107,8 @@ def test_timeout_kills_torchrun_and_every_rank(caplog: pytest.LogCaptureFixture)
 
 @pytest.mark.unit
 def test_multi_node_command_uses_c10d_and_the_job_index() -> None:
-    spec = TorchrunSpec(module="drafters.training.worker", args=["--spec", "s.json"], nnodes=2, nproc_per_node=4,
+    worker = "draftsmith.drafters.training.worker"
+    spec = TorchrunSpec(module=worker, args=["--spec", "s.json"], nnodes=2, nproc_per_node=4,
                         threads_per_rank=8, log_dir="/tmp/logs")  # fmt: skip
     env = {"DRAFTSMITH_RDZV_ENDPOINT": "train-0.train:29400", "JOB_COMPLETION_INDEX": "1"}
     cmd = torchrun_command(spec, environ=env)
@@ -117,7 +118,7 @@ def test_multi_node_command_uses_c10d_and_the_job_index() -> None:
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "train-0.train:29400", "--rdzv-id", "draftsmith",
         "--rdzv-conf", "join_timeout=1800,is_host=false",
         "--max-restarts", "0", "--tee", "3", "--shutdown-timeout", "5", "--log-dir", "/tmp/logs",
-        "-m", "drafters.training.worker", "--spec", "s.json",
+        "-m", "draftsmith.drafters.training.worker", "--spec", "s.json",
     ]  # fmt: skip
     # Node 0 hosts the store; DRAFTSMITH_NODE_RANK wins over the job index; the spec wins over both.
     assert "join_timeout=1800,is_host=true" in torchrun_command(spec, environ=env | {"DRAFTSMITH_NODE_RANK": "0"})
@@ -171,7 +172,8 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_two_nodes_node0_serves_the_launch_to_a_follower(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    """Node 0 (as the flow's train task would) and a follower node (`python -m engines.torchrun follow`, as pods
+    """Node 0 (as the flow's train task would) and a follower node (`python -m draftsmith.engines.torchrun follow`, as
+    pods
     1..n-1 of gb200-train run it) form one 2-rank job over a c10d rendezvous on loopback."""
     caplog.set_level(logging.INFO, logger=LOGGER)
     rdzv, launch = f"127.0.0.1:{_free_port()}", str(_free_port())
@@ -182,7 +184,8 @@ def test_two_nodes_node0_serves_the_launch_to_a_follower(caplog: pytest.LogCaptu
     t0 = time.monotonic()
     with follower_out.open("w") as out:
         follower = subprocess.Popen(
-            [sys.executable, "-m", "engines.torchrun", "follow"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "draftsmith.engines.torchrun", "follow"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
             env=os.environ | env | {"DRAFTSMITH_RDZV_ENDPOINT": rdzv, "JOB_COMPLETION_INDEX": "1"},
             start_new_session=True,
         )  # fmt: skip

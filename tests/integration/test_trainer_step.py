@@ -1,7 +1,7 @@
 """The optimizer step in-process (a process group of one): non-finite steps skipped on device and counted,
 a run of them failing clearly, and bf16 mixed precision for every drafter family.
 
-The module is built exactly as a torchrun rank builds it (`drafters.training.worker.build`: meta layout,
+The module is built exactly as a torchrun rank builds it (`draftsmith.drafters.training.worker.build`: meta layout,
 real weights on rank 0, FSDP2 units, broadcast), from the tiny recipe's target.
 """
 
@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 
-from drafters.training import fsdp
-from drafters.training.loop import Micro, NonFiniteError, Trainer
-from drafters.training.target_parts import load_target_parts, target_head
-from drafters.training.worker import TrainJob, build
-from draftsmith import storage, tensorio
-from draftsmith.config.drafter import parse_drafter
+from draftsmith.core import storage, tensorio
+from draftsmith.core.config.drafter import parse_drafter
+from draftsmith.drafters.training import fsdp
+from draftsmith.drafters.training.loop import Micro, NonFiniteError, Trainer
+from draftsmith.drafters.training.target_parts import load_target_parts, target_head
+from draftsmith.drafters.training.worker import TrainJob, build
 from tests.integration.test_drafter_families import CASES
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def group():
-    from draftsmith.config.train import DistributedConfig
+    from draftsmith.core.config.train import DistributedConfig
 
     d = fsdp.init_distributed(DistributedConfig())
     yield d
@@ -72,7 +72,7 @@ def _batch(tiny_cfg, seed: int, B: int = 2, S: int = 24) -> dict[str, torch.Tens
 
 @functools.cache
 def _parts_cached(target_json: str):
-    from draftsmith.config import TargetConfig
+    from draftsmith.core.config import TargetConfig
 
     return load_target_parts(TargetConfig.model_validate_json(target_json), materialize=True)
 
@@ -84,7 +84,7 @@ def _parts(tiny_cfg):
 def _trainer(tiny_cfg, tmp_path, d, drafter=None, **train) -> Trainer:
     job = _job(tiny_cfg, tmp_path, drafter, **train)
     built = build(job, d)
-    from draftsmith.config.train import TrainConfig
+    from draftsmith.core.config.train import TrainConfig
 
     return Trainer(built.module, TrainConfig.model_validate(job.train), d, 20, built.generator)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.base import ChatRequest, SamplingParams, template_hash
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON, VLLMOfflineEngine, group_alive, split_reasoning
+from draftsmith.engines.base import ChatRequest, SamplingParams, template_hash
+from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON, VLLMOfflineEngine, group_alive, split_reasoning
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
 
 @pytest.fixture(scope="module")
 def smollm2_dir() -> str:
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     return str(resolve_target("embedded:smollm2-135m-instruct"))
 
@@ -45,8 +45,8 @@ def smollm2_dir() -> str:
 @pytest.fixture(scope="module")
 def hf_reference():
     """HF greedy answers, one conversation at a time (no padding), and the HF tokenizer's template hash."""
-    from draftsmith.config import load_recipe
-    from engines import hf
+    from draftsmith.core.config import load_recipe
+    from draftsmith.engines import hf
 
     cfg = load_recipe(ROOT / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml")
     model, tok = hf.load_target(cfg.target)
@@ -59,7 +59,7 @@ def hf_reference():
 
 @pytest.fixture(scope="class")
 def server(smollm2_dir, tmp_path_factory):
-    from engines.vllm_server import VLLMServer
+    from draftsmith.engines.vllm_server import VLLMServer
 
     log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
     args = ["--dtype", "float32", "--enforce-eager", "--max-num-seqs", "8", "--served-model-name", "smollm2"]
@@ -94,7 +94,7 @@ def assert_same_as_hf(outputs, reference) -> None:
 @pytest.mark.slow
 class TestVLLMServe:
     def test_greedy_through_openai_engine_equals_hf(self, server, hf_reference):
-        from engines.openai_http import OpenAIEngine
+        from draftsmith.engines.openai_http import OpenAIEngine
 
         assert server.url.startswith("http://127.0.0.1:") and server.url.endswith("/v1")
         assert server.served_model_name == "smollm2"
@@ -156,7 +156,7 @@ def test_worker_death_reports_the_log_tail(tmp_path):
 @needs_vllm
 @pytest.mark.slow
 def test_server_that_cannot_start_reports_the_log_tail(tmp_path):
-    from engines.vllm_server import VLLMServer
+    from draftsmith.engines.vllm_server import VLLMServer
 
     server = VLLMServer(str(tmp_path / "no-such-model"), log_path=str(tmp_path / "serve.log"), start_timeout_s=300)
     with pytest.raises(RuntimeError, match=r"(?s)exited with code \d+ before it was ready.*last lines:\n.+"):

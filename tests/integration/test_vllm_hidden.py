@@ -12,7 +12,7 @@ a bf16 store's rounding (~3e-3). One engine start (~40 s on 2 cores) serves ever
 import pytest
 import torch
 
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON, group_alive
+from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON, group_alive
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,7 +38,7 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     return resolve_target("embedded:smollm2-135m-instruct")
 
@@ -48,7 +48,7 @@ def reference(smollm2_dir):
     """Token ids per text, HF fp32 `hidden_states` (31 x `[S, H]`) and the last layer's pre-norm output."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engines.hf import forward_with_taps
+    from draftsmith.engines.hf import forward_with_taps
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, torch_dtype=torch.float32).eval()
@@ -66,7 +66,7 @@ def reference(smollm2_dir):
 @pytest.fixture(scope="module")
 def captured(smollm2_dir, reference):
     """One vLLM run; both last-hidden variants come from the same saved files (two captures)."""
-    from engines.vllm_hidden import VLLMHiddenStates
+    from draftsmith.engines.vllm_hidden import VLLMHiddenStates
 
     engine = VLLMHiddenStates(
         smollm2_dir, TAPS, max_model_len=256, engine_kwargs={"dtype": "float32", "enforce_eager": True}

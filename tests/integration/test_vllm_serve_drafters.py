@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from drafters.export import bundle
 from draftsmith import cli
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON, log_tail, stop_process
-from engines.vllm_server import free_port
+from draftsmith.drafters.export import bundle
+from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON, log_tail, stop_process
+from draftsmith.engines.vllm_server import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -70,7 +70,7 @@ def serve(target: str, tmp: Path, name: str, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def target() -> tuple[str, torch.Tensor, torch.Tensor]:
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     folder = str(resolve_target("embedded:smollm2-135m-instruct"))
     embed, head = bundle.target_weights(folder)
@@ -83,8 +83,8 @@ def baseline(target, tmp_path_factory) -> dict:
 
 
 def _random_eagle3_model(embed: torch.Tensor):
-    from drafters import vocab
-    from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+    from draftsmith.drafters import vocab
+    from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
     torch.manual_seed(0)
     spec = Eagle3Spec(
@@ -111,8 +111,8 @@ def eagle3_run(target, tmp_path_factory) -> Path:
     """The lead's trained run when there is one, else a run folder holding a random EAGLE-3 train checkpoint."""
     if (TRAINED_RUN / "train" / "manifest.json").exists():
         return TRAINED_RUN
-    from drafters.eagle3 import export as eagle3_export
-    from draftsmith.manifest import StageManifest, file_entry
+    from draftsmith.core.manifest import StageManifest, file_entry
+    from draftsmith.drafters.eagle3 import export as eagle3_export
 
     run = tmp_path_factory.mktemp("run")
     train = run / "train"
@@ -125,7 +125,7 @@ def eagle3_run(target, tmp_path_factory) -> Path:
 
 
 def _random_dflash(embed: torch.Tensor, head: torch.Tensor, out: Path, **kw) -> None:
-    from drafters.dflash import DFlashDrafter, DFlashSpec
+    from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
 
     torch.manual_seed(0)
     spec = DFlashSpec(

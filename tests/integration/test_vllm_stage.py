@@ -8,14 +8,14 @@ shard is built here from a few chat texts, so no regeneration is needed.
 import numpy as np
 import pytest
 
-from draftsmith.config import load_recipe
-from draftsmith.manifest import StageManifest, file_entry
-from draftsmith.target_setup import resolve_target
-from engines.vllm_offline import DEFAULT_VLLM_PYTHON
-from tasks.hidden_states import capture_hidden_states
-from tasks.tokenization import _pack_arrays
+from draftsmith.core.config import load_recipe
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.core.target_setup import resolve_target
+from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON
+from draftsmith.tasks.hidden_states import capture_hidden_states
+from draftsmith.tasks.tokenization import _pack_arrays
+from draftsmith.transport.offline_reader import OfflineDataset
 from tests.conftest import RECIPES
-from transport.offline_reader import OfflineDataset
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,7 +1,7 @@
 """Kernel tests run the Triton kernels on CPU under triton's interpreter.
 
 `TRITON_INTERPRET=1` must be set before triton is first imported (triton.language builds its builtins at
-import), hence here at conftest import. It does not change what other tests run: `kernels.dispatch` keeps CPU
+import), hence here at conftest import. It does not change what other tests run: `draftsmith.kernels.dispatch` keeps CPU
 tensors on the reference unless a kernel is requested explicitly (`mode="triton"`), as these tests do.
 """
 

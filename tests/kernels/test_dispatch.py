@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-import kernels
-from kernels import dispatch
+from draftsmith import kernels
+from draftsmith.kernels import dispatch
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +35,7 @@ def test_explicit_triton_on_cpu_needs_the_interpreter(monkeypatch):
 def test_missing_triton_falls_back_on_auto_and_fails_clearly_when_requested(monkeypatch, caplog):
     monkeypatch.setattr(dispatch, "triton_available", lambda: False)
     dispatch._warn_missing_triton.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="kernels.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="draftsmith.kernels.dispatch"):
         assert dispatch.choose("head_loss", CUDA, "auto") == "reference"
     assert "triton is not installed" in caplog.text
     with pytest.raises(RuntimeError, match="kernels.dyn_conv: the Triton kernel was requested but triton is not"):
@@ -55,7 +55,7 @@ def test_the_process_mode_is_scoped_and_validated():
 def test_the_train_config_switch_is_strict():
     from pydantic import ValidationError
 
-    from draftsmith.config.train import TrainConfig
+    from draftsmith.core.config.train import TrainConfig
 
     assert TrainConfig().kernels == "auto"
     assert TrainConfig(kernels="reference").kernels == "reference"

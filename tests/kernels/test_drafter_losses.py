@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import kernels
-from drafters.dflash.loss import slot_ce, slot_ce_fused, slot_weights
-from drafters.dspark.loss import dspark_rows, dspark_rows_fused, target_logp
-from drafters.eagle3.loss import position_mask, ttt_loss, ttt_loss_fused
-from kernels import Target
+from draftsmith import kernels
+from draftsmith.drafters.dflash.loss import slot_ce, slot_ce_fused, slot_weights
+from draftsmith.drafters.dspark.loss import dspark_rows, dspark_rows_fused, target_logp
+from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss, ttt_loss_fused
+from draftsmith.kernels import Target
 from tests.kernels import tolerances as tol
 from tests.unit.test_dspark_model import HT, K, V, _drafter
 from tests.unit.test_eagle3_model import _drafter as eagle3_drafter
@@ -94,8 +94,8 @@ def test_eagle3_fused_ttt_equals_the_logits_path(interpreter):
 
 def test_eagle3_fused_anchored_loss_equals_the_logits_path(interpreter):
     """The Kimi K3 EAGLE-3 recipe trains anchored: its loss goes through the fused head too."""
-    from drafters.anchors import strided_anchors
-    from drafters.eagle3.anchored import anchored_hidden, anchored_loss, anchored_loss_fused
+    from draftsmith.drafters.anchors import strided_anchors
+    from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss, anchored_loss_fused
     from tests.unit.test_anchored_ttt import DEPTH, _batch
 
     model = eagle3_drafter(norm_output=True, fc_norm=True).train()

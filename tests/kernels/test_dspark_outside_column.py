@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import kernels
-from drafters.dflash.loss import slot_weights
-from drafters.dspark.loss import dspark_rows_fused, outside_logsumexp
-from kernels import Target
+from draftsmith import kernels
+from draftsmith.drafters.dflash.loss import slot_weights
+from draftsmith.drafters.dspark.loss import dspark_rows_fused, outside_logsumexp
+from draftsmith.kernels import Target
 from tests.kernels import tolerances as tol
 from tests.unit.test_dspark_model import HT, ODD_D2T, ODD_T2D, K, V, _drafter
 

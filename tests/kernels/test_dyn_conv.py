@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from drafters.dflash.layers import GroupedConv
-from kernels.dyn_conv import dyn_conv
+from draftsmith.drafters.dflash.layers import GroupedConv
+from draftsmith.kernels.dyn_conv import dyn_conv
 from tests.kernels import tolerances as tol
 
 pytestmark = pytest.mark.unit
@@ -62,7 +62,7 @@ def test_grouped_conv_layer_runs_the_kernel_like_the_reference(interpreter):
         conv.base_kernel.normal_()
         conv.kernel_projection.weight.normal_(std=0.1)
     x = torch.randn(B, Q, H)
-    import kernels
+    from draftsmith import kernels
 
     outs = []
     for mode in ("reference", "triton"):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from kernels.head_loss import Target, head_loss, head_loss_reference
-from kernels.head_loss.spec import row_weights
+from draftsmith.kernels.head_loss import Target, head_loss, head_loss_reference
+from draftsmith.kernels.head_loss.spec import row_weights
 from tests.kernels import tolerances as tol
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.head_loss import head_loss
+from draftsmith.kernels import dispatch
+from draftsmith.kernels.head_loss import head_loss
 from tests.kernels.test_head_loss import CHUNK_ROWS, D, V, _compare, _inputs, _run
 
 pytestmark = pytest.mark.unit
@@ -45,7 +45,9 @@ def test_single_terms_and_a_frozen_head(poisoned_empty, soft, ce):
 
 def test_auto_on_cpu_takes_the_eager_path_and_no_grad_the_reference(monkeypatch):
     calls = []
-    package = sys.modules["kernels.head_loss"]  # `kernels.head_loss` the attribute is the function
+    package = sys.modules[
+        "draftsmith.kernels.head_loss"
+    ]  # `draftsmith.kernels.head_loss` the attribute is the function
     monkeypatch.setattr(package, "head_loss_eager", lambda *a: calls.append("eager"))
     monkeypatch.setattr(package, "head_loss_reference", lambda *a: calls.append("reference"))
     x, w = torch.randn(4, D), torch.randn(V, D, requires_grad=True)

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from drafters.layers import RMSNorm, multi_rms_norm
-from kernels.rmsnorm import rms_norm
+from draftsmith.drafters.layers import RMSNorm, multi_rms_norm
+from draftsmith.kernels.rmsnorm import rms_norm
 from tests.kernels import tolerances as tol
 
 pytestmark = pytest.mark.unit
@@ -44,7 +44,7 @@ def test_forward_and_gradients_match_the_reference(interpreter, poisoned_empty, 
 
 
 def test_segments_are_normalised_alone_like_the_module(interpreter):
-    """The fused multi-segment form equals one `drafters.layers.RMSNorm` per tap, then the concatenation."""
+    """The fused multi-segment form equals one `draftsmith.drafters.layers.RMSNorm` per tap, then the concatenation."""
     x, w, _ = _case(3, torch.float32)
     norms = torch.nn.ModuleList(RMSNorm(H, EPS) for _ in range(3))
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """`train.kernels` switch: the Triton kernels (interpreter) and the reference train the tiny recipe alike.
 
 The EAGLE-3 drafter of `deployments/recipes/tiny-cpu.yaml` (with EAGLE-3.1's fc_norm and norm_output on, so the
-multi-segment RMSNorm runs too), its real objective (`drafters.eagle3.family.objective`: TTT over 3 depths,
+multi-segment RMSNorm runs too), its real objective (`draftsmith.drafters.eagle3.family.objective`: TTT over 3 depths,
 fused head loss) and AdamW, driven in-process for a few steps from the same initial weights.
 """
 
@@ -12,11 +12,11 @@ import torch
 import yaml
 from torch.testing import assert_close
 
-import kernels
-from drafters import vocab
-from drafters.eagle3 import family
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from draftsmith.config.drafter import parse_drafter
+from draftsmith import kernels
+from draftsmith.core.config.drafter import parse_drafter
+from draftsmith.drafters import vocab
+from draftsmith.drafters.eagle3 import family
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

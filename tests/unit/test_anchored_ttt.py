@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from drafters.anchors import strided_anchors
-from drafters.eagle3.anchored import anchored_hidden, anchored_loss
-from drafters.eagle3.loss import position_mask, ttt_loss
+from draftsmith.drafters.anchors import strided_anchors
+from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss
+from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss
 from tests.unit.test_eagle3_model import _drafter
 
 pytestmark = pytest.mark.unit

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from drafters.anchors import candidates, strided_anchors, uniform_anchors
+from draftsmith.drafters.anchors import candidates, strided_anchors, uniform_anchors
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from drafters.data import count_stream_steps, stream_steps
-from draftsmith.batching import group_by_length
+from draftsmith.core.batching import group_by_length
+from draftsmith.drafters.data import count_stream_steps, stream_steps
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ def test_oversized_sample_gets_its_own_batch():
 
 
 def _plan(lengths, k):
-    from drafters.training.plan import plan_epoch
+    from draftsmith.drafters.training.plan import plan_epoch
 
     return plan_epoch(lengths, budget=256, world=1, grad_accum=2, chunk_samples=64, seed=3, epoch=k)
 

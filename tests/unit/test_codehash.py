@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from draftsmith import codehash
+from draftsmith.core import codehash, layout
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ def _module(root, name: str) -> types.ModuleType:
 def tree(tmp_path, monkeypatch):
     _tree(tmp_path)
     monkeypatch.setattr(codehash, "ROOT", tmp_path)
-    monkeypatch.setattr(codehash, "PACKAGES", ("pkg",))
+    monkeypatch.setattr(layout, "PACKAGES", {"pkg": "pkg"})
     return tmp_path
 
 
@@ -57,20 +57,22 @@ def test_a_change_three_imports_down_changes_the_digest_and_one_elsewhere_does_n
 
 
 def test_the_real_stages_reach_their_helpers_but_not_the_cli() -> None:
-    import tasks.hidden_states
-    import tasks.train
-    from drafters import families
+    import draftsmith.tasks.hidden_states
+    import draftsmith.tasks.train
+    from draftsmith.drafters import families
 
     def names(module) -> set[str]:
         return {str(p.relative_to(codehash.ROOT)) for p in codehash.closure([codehash._root(module)])}
 
-    capture = names(tasks.hidden_states)
-    assert {"engines/hf.py", "transport/offline_store.py", "draftsmith/storage.py"} <= capture
-    assert "drafters/training/worker.py" in names(tasks.train)
+    capture = names(draftsmith.tasks.hidden_states)
+    assert {"engines/hf.py", "transport/offline_store.py", "core/storage.py"} <= capture
+    assert "drafters/training/worker.py" in names(draftsmith.tasks.train)
     # Families load by name from a registry, so `train_key` names the family's modules as roots too.
     family = families.family("eagle3")
     assert "drafters/eagle3/model.py" in {
         str(p.relative_to(codehash.ROOT)) for p in codehash.closure(codehash._root(m) for m in family.code_modules())
     }
-    assert not any(n.startswith(("flows/", "draftsmith/cli")) for n in capture | names(tasks.train))
-    assert codehash.code_digest([sys.modules["tasks.train"]]) != codehash.code_digest([tasks.hidden_states])
+    assert not any(n.startswith(("flows/", "draftsmith/cli")) for n in capture | names(draftsmith.tasks.train))
+    assert codehash.code_digest([sys.modules["draftsmith.tasks.train"]]) != codehash.code_digest(
+        [draftsmith.tasks.hidden_states]
+    )

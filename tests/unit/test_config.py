@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from draftsmith.config import PipelineConfig, RecipeError, load_recipe
+from draftsmith.core.config import PipelineConfig, RecipeError, load_recipe
 from draftsmith.plan import render_plan
 from tests.conftest import RECIPES as RECIPE_DIR
 
@@ -222,7 +222,7 @@ def test_kimi_drafters_match_the_seed_cards():
 def test_only_transient_errors_are_retried(exc, transient):
     from prefect.states import Failed
 
-    from draftsmith.retry import is_transient, transient_only
+    from draftsmith.core.retry import is_transient, transient_only
 
     assert is_transient(exc) is transient
     assert transient_only(None, None, Failed(data=exc)) is transient

@@ -9,7 +9,7 @@ import yaml
 from prefect.utilities.callables import parameter_schema_from_entrypoint
 from prefect.utilities.schema_tools import validate
 
-from draftsmith.config import PipelineConfig, load_recipe
+from draftsmith.core.config import PipelineConfig, load_recipe
 from draftsmith.deploy import INVENTORY, LOCAL_PREFECT_FILE, PREFECT_FILE, ROOT, load_inventory
 from draftsmith.pools import WORK_POOLS_DIR, load_base_job_template, validate_pool_template
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from drafters.dflash import DFlashDrafter, DFlashSpec
-from drafters.dflash.decode import speculative_generate
-from drafters.eagle3.decode import greedy_generate
-from engines.hf import TapRecorder
+from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
+from draftsmith.drafters.dflash.decode import speculative_generate
+from draftsmith.drafters.eagle3.decode import greedy_generate
+from draftsmith.engines.hf import TapRecorder
 from tests.small_llama import small_llama
 
 pytestmark = pytest.mark.unit
@@ -79,7 +79,7 @@ def test_decode_equals_target_greedy_with_rollback(small_vocab_target, case):
 
 @pytest.fixture(scope="module")
 def tiny_target():
-    from draftsmith.target_setup import ensure_tiny_target
+    from draftsmith.core.target_setup import ensure_tiny_target
 
     return AutoModelForCausalLM.from_pretrained(ensure_tiny_target(), dtype=torch.float32).eval()
 

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from drafters.dflash import DFlashDrafter, DFlashSpec
-from drafters.dflash.loss import dflash_loss, dflash_objective, slot_labels, slot_weights
-from drafters.dflash.selector import CandidateSelector, candidates_with_gold, selector_loss, walk
+from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
+from draftsmith.drafters.dflash.loss import dflash_loss, dflash_objective, slot_labels, slot_weights
+from draftsmith.drafters.dflash.selector import CandidateSelector, candidates_with_gold, selector_loss, walk
 
 pytestmark = pytest.mark.unit
 

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from drafters.dflash import DFlashDrafter, DFlashSpec
-from drafters.dflash.block_masks import decode_mask, train_mask
-from drafters.dflash.layers import GroupedConv
-from drafters.dflash.loss import dflash_objective
-from drafters.masks import dense, dflash_blocks
-from drafters.mla import MLAttention
+from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
+from draftsmith.drafters.dflash.block_masks import decode_mask, train_mask
+from draftsmith.drafters.dflash.layers import GroupedConv
+from draftsmith.drafters.dflash.loss import dflash_objective
+from draftsmith.drafters.masks import dense, dflash_blocks
+from draftsmith.drafters.mla import MLAttention
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +69,7 @@ def test_train_mask_matches_loop_reference(window, causal):
     keep = torch.tensor([[True, True, True], [True, True, False]])
     got = train_mask(anchors, keep, 14, 4, window, causal)
     assert torch.equal(got, _ref_mask(anchors, keep, 14, 4, window, causal))
-    if window is None and not causal:  # the full layer is exactly the shared flex mask of drafters.masks
+    if window is None and not causal:  # the full layer is exactly the shared flex mask of draftsmith.drafters.masks
         assert torch.equal(got, dense(dflash_blocks(anchors, keep, 14, 4), 2, 12, 14 + 12))
 
 

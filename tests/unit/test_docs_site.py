@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from draftsmith.config import PipelineConfig
+from draftsmith.core.config import PipelineConfig
 
 pytestmark = pytest.mark.unit
 

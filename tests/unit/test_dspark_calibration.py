@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from drafters.dspark.calibration import (
+from draftsmith.drafters.dspark.calibration import (
     CONFIG_FIELD,
     Calibration,
     ConfidenceRecord,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from drafters.dspark.heads import ConfidenceHead, MarkovHead
+from draftsmith.drafters.dspark.heads import ConfidenceHead, MarkovHead
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from drafters.dspark.loss import dspark_loss, dspark_rows, target_logp
+from draftsmith.drafters.dspark.loss import dspark_loss, dspark_rows, target_logp
 
 pytestmark = pytest.mark.unit
 

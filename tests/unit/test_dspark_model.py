@@ -4,11 +4,11 @@ greedy speculative decoding on the tiny target."""
 import pytest
 import torch
 
-from drafters.dflash.loss import slot_labels, slot_weights
-from drafters.dspark.decode import draft_block, propose
-from drafters.dspark.loss import dspark_loss, target_logp
-from drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective, output_labels
-from drafters.vocab import build_draft_vocab
+from draftsmith.drafters.dflash.loss import slot_labels, slot_weights
+from draftsmith.drafters.dspark.decode import draft_block, propose
+from draftsmith.drafters.dspark.loss import dspark_loss, target_logp
+from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective, output_labels
+from draftsmith.drafters.vocab import build_draft_vocab
 from tests.small_llama import small_llama
 
 pytestmark = pytest.mark.unit
@@ -135,7 +135,7 @@ def test_objective_equals_the_block_form_loss(partial_blocks):
         partial_blocks=partial_blocks,
     )
     # The same anchors, through the whole-block path: train_outputs on every slot, p_t at label - 1.
-    from drafters.anchors import uniform_anchors
+    from draftsmith.drafters.anchors import uniform_anchors
 
     depth = 2 if partial_blocks else K + 1
     anchors, keep = uniform_anchors(batch["loss_mask"], 3, torch.Generator().manual_seed(7), depth=depth)
@@ -193,8 +193,8 @@ TAPS3 = [1, 2, 3]
 def test_speculative_decoding_equals_greedy_with_rollback_on_a_small_vocabulary():
     """A 12-token target, so the random drafter is sometimes right: acceptance and rollback both happen."""
 
-    from drafters.dflash.decode import speculative_generate
-    from drafters.eagle3.decode import greedy_generate
+    from draftsmith.drafters.dflash.decode import speculative_generate
+    from draftsmith.drafters.eagle3.decode import greedy_generate
 
     target = small_llama(12, 24, seed=0)
     drafter = _random_drafter(12, 24, seed=3, draft_vocab_size=8)
@@ -225,10 +225,10 @@ def test_decoding_on_the_tiny_target_equals_greedy_and_matches_training_heads():
     logits `heads` gives at training time for the same block and the same previous tokens."""
     from transformers import AutoModelForCausalLM
 
-    from drafters.dflash.decode import speculative_generate
-    from drafters.eagle3.decode import greedy_generate
-    from draftsmith.target_setup import ensure_tiny_target
-    from engines.hf import TapRecorder
+    from draftsmith.core.target_setup import ensure_tiny_target
+    from draftsmith.drafters.dflash.decode import speculative_generate
+    from draftsmith.drafters.eagle3.decode import greedy_generate
+    from draftsmith.engines.hf import TapRecorder
 
     target = AutoModelForCausalLM.from_pretrained(ensure_tiny_target(), dtype=torch.float32).eval()
     vocab, ht = target.config.vocab_size, target.config.hidden_size

@@ -11,16 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from drafters import families
-from drafters.dflash.loss import slot_labels, slot_weights
-from drafters.dspark import family
-from drafters.dspark import model as dspark_model
-from drafters.dspark.heads import FullVocabHead, normal_init
-from drafters.dspark.loss import OUTSIDE_DRAFT_LOGIT, outside_column, outside_logsumexp
-from drafters.dspark.model import DSparkDrafter, dspark_objective
-from drafters.layers import HeadLossCall, RMSNorm
-from draftsmith.config import DSparkConfig
-from kernels import Target, head_loss
+from draftsmith.core.config import DSparkConfig
+from draftsmith.drafters import families
+from draftsmith.drafters.dflash.loss import slot_labels, slot_weights
+from draftsmith.drafters.dspark import family
+from draftsmith.drafters.dspark import model as dspark_model
+from draftsmith.drafters.dspark.heads import FullVocabHead, normal_init
+from draftsmith.drafters.dspark.loss import OUTSIDE_DRAFT_LOGIT, outside_column, outside_logsumexp
+from draftsmith.drafters.dspark.model import DSparkDrafter, dspark_objective
+from draftsmith.drafters.layers import HeadLossCall, RMSNorm
+from draftsmith.kernels import Target, head_loss
 from tests.small_llama import small_llama
 from tests.unit.test_dspark_model import HT, ODD_D2T, ODD_T2D, TAPS, K, V, _batch, _drafter
 
@@ -159,7 +159,7 @@ def test_a_draft_vocabulary_of_every_id_agrees_with_the_renormalised_form():
 
 def _by_hand(model, batch, head, seed: int, num_anchors: int, full_vocab: bool) -> torch.Tensor:
     """The DSpark total from whole-block logits, p_t over all V ids (or renormalised over the draft ids)."""
-    from drafters.anchors import uniform_anchors
+    from draftsmith.drafters.anchors import uniform_anchors
 
     anchors, keep = uniform_anchors(batch["loss_mask"], num_anchors, torch.Generator().manual_seed(seed), depth=2)
     ids = batch["input_ids"]

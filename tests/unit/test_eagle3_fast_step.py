@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import kernels
-from drafters import vocab
-from drafters.eagle3 import family, loss
-from drafters.eagle3.chain_attention import ChainAttention, chain_attention_reference
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.eagle3.target import SharedTarget, in_draft
-from draftsmith.config import Eagle3Config
+from draftsmith import kernels
+from draftsmith.core.config import Eagle3Config
+from draftsmith.drafters import vocab
+from draftsmith.drafters.eagle3 import family, loss
+from draftsmith.drafters.eagle3.chain_attention import ChainAttention, chain_attention_reference
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.eagle3.target import SharedTarget, in_draft
 
 pytestmark = pytest.mark.unit
 
@@ -98,7 +98,7 @@ def test_shared_target_gives_the_reference_mask_and_logits_and_caches_per_sample
         _close(logits, batch["last_hidden"][mask] @ head[vocab.draft_ids(d2t)].T, "target logits")
     assert len(shared.cache) == B
     with pytest.MonkeyPatch.context() as mp:  # a cache hit makes no `[m, V - Vd]` product
-        mp.setattr("drafters.eagle3.target.in_draft", None)
+        mp.setattr("draftsmith.drafters.eagle3.target.in_draft", None)
         assert torch.equal(shared(batch["loss_mask"], batch["last_hidden"])[0], ref_mask)
 
 
@@ -129,7 +129,7 @@ def _step(model, head, cfg, batch, *, fast: bool):
             out = objective(model, batch)
         else:
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr("drafters.eagle3.model.chain_attention", chain_attention_reference)
+                mp.setattr("draftsmith.drafters.eagle3.model.chain_attention", chain_attention_reference)
                 out = objective(model, batch)
     out.total.backward()
     return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

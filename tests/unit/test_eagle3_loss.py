@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from drafters.eagle3.loss import position_mask, simulated_acc_len, ttt_loss
+from draftsmith.drafters.eagle3.loss import position_mask, simulated_acc_len, ttt_loss
 
 pytestmark = pytest.mark.unit
 

@@ -5,12 +5,12 @@ import torch
 from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 
-from drafters.anchors import strided_anchors
-from drafters.eagle3.anchored import anchored_hidden, anchored_loss
-from drafters.eagle3.attention import serving_fields
-from drafters.eagle3.decode import greedy_generate, speculative_generate
-from drafters.eagle3.loss import position_mask, ttt_loss
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.anchors import strided_anchors
+from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss
+from draftsmith.drafters.eagle3.attention import serving_fields
+from draftsmith.drafters.eagle3.decode import greedy_generate, speculative_generate
+from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from tests.eagle3_chain import check_chain_matches_ttt
 from tests.small_llama import small_llama
 

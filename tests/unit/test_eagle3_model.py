@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.verify import greedy_verify
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.verify import greedy_verify
 from tests.eagle3_chain import check_chain_matches_ttt
 
 pytestmark = pytest.mark.unit

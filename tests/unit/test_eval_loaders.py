@@ -6,20 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.config.loader import load_recipe
-from draftsmith.rejects import Rejects
-from evals import suites
-from evals.loaders import (
+from draftsmith.core.config.loader import load_recipe
+from draftsmith.core.rejects import Rejects
+from draftsmith.evals import suites
+from draftsmith.evals.loaders import (
     HUMANEVAL_TEMPLATE,
     BenchFileError,
     detect_format,
     load_bench,
     parse_bench_arg,
 )
-from evals.records import BenchPrompt
-from tasks import prompt_pool
-from tasks.prompt_pool import CATEGORIES, dedupe_key, synthetic_pool
-from tasks.prompt_sources import load_sources
+from draftsmith.evals.records import BenchPrompt
+from draftsmith.tasks import prompt_pool
+from draftsmith.tasks.prompt_pool import CATEGORIES, dedupe_key, synthetic_pool
+from draftsmith.tasks.prompt_sources import load_sources
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

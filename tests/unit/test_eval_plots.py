@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from evals import plots, report
+from draftsmith.evals import plots, report
 
 pytestmark = pytest.mark.unit
 

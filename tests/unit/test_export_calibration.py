@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from drafters.dspark.calibration import Calibration, read_calibration
-from drafters.export.bundle import with_calibration
-from drafters.export.guards import ExportError
+from draftsmith.drafters.dspark.calibration import Calibration, read_calibration
+from draftsmith.drafters.export.bundle import with_calibration
+from draftsmith.drafters.export.guards import ExportError
 
 pytestmark = pytest.mark.unit
 BLOBS = {"config.json": json.dumps({"architectures": ["Qwen3DSparkModel"], "draftsmith": {"taps": [1]}}).encode()}

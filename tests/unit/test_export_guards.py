@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from drafters import vocab
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.export import bundle, engines
-from drafters.export.guards import ExportError
-from draftsmith import tensorio
+from draftsmith.core import tensorio
+from draftsmith.drafters import vocab
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.export import bundle, engines
+from draftsmith.drafters.export.guards import ExportError
 
 pytestmark = pytest.mark.unit
 
@@ -218,7 +218,7 @@ def test_write_folder_is_atomic_and_replaces(tmp_path):
 
 
 def _dflash_model(**kw):
-    from drafters.dflash import DFlashDrafter, DFlashSpec
+    from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
 
     spec = DFlashSpec(
         hidden_size=32, target_hidden_size=24, num_taps=3, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -266,7 +266,7 @@ def test_dflash_variants_no_engine_serves_are_refused():
 
 
 def test_dspark_guards():
-    from drafters.dspark.model import DSparkDrafter, DSparkSpec
+    from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec
 
     spec = DSparkSpec(
         hidden_size=32, target_hidden_size=24, num_taps=3, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from drafters import vocab
-from drafters.eagle3 import export as eagle3_export
-from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from drafters.export import bundle, engines
-from draftsmith import cli, tensorio
-from draftsmith.manifest import StageManifest, file_entry
+from draftsmith import cli
+from draftsmith.core import tensorio
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.drafters import vocab
+from draftsmith.drafters.eagle3 import export as eagle3_export
+from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from draftsmith.drafters.export import bundle, engines
 
 pytestmark = pytest.mark.unit
 
@@ -102,7 +103,7 @@ def _fake_run(tmp_path: Path, tiny_cfg, model: Eagle3Drafter, taps: list[int], s
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_cfg):
-    from draftsmith.target_setup import resolve_target
+    from draftsmith.core.target_setup import resolve_target
 
     embed, _ = bundle.target_weights(resolve_target(tiny_cfg.target.source))
     d = tiny_cfg.drafter
@@ -127,7 +128,7 @@ def test_cli_export_of_a_run(tmp_path, tiny_cfg, tiny_model, capsys):
     config = json.loads((folder / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [t - 1 for t in taps]
     meta = config["draftsmith"]
-    from draftsmith.config import dump_recipe
+    from draftsmith.core.config import dump_recipe
 
     assert meta["taps"] == taps and meta["engine"] == "sglang" and meta["train_key"] == "k" * 64
     assert meta["recipe_sha256"] == hashlib.sha256(dump_recipe(tiny_cfg).encode()).hexdigest()
@@ -174,7 +175,7 @@ def test_cli_export_refuses_a_drafter_with_a_foreign_embedding(tmp_path, tiny_cf
 
 
 def _dflash(embed: torch.Tensor, head: torch.Tensor, **kw):
-    from drafters.dflash import DFlashDrafter, DFlashSpec
+    from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
 
     torch.manual_seed(0)
     spec = DFlashSpec(
@@ -218,7 +219,7 @@ def _bf16_twin(model: torch.nn.Module, keep: set[str]) -> torch.nn.Module:
     ids=["dflash-pruned", "dflash2-shared-head", "dflash-sliding"],
 )
 def test_dflash_export_load_identical_logits(tmp_path, kw):
-    from drafters.dflash import export as dflash_export
+    from draftsmith.drafters.dflash import export as dflash_export
 
     embed, head = torch.randn(90, 32), torch.randn(90, 32)
     model = _dflash(embed, head, **kw)
@@ -256,8 +257,8 @@ def test_dflash_export_load_identical_logits(tmp_path, kw):
 )
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_dspark_export_load_identical_outputs(tmp_path, kw, engine):
-    from drafters.dspark import export as dspark_export
-    from drafters.dspark.model import DSparkDrafter, DSparkSpec
+    from draftsmith.drafters.dspark import export as dspark_export
+    from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec
 
     torch.manual_seed(0)
     spec = DSparkSpec(

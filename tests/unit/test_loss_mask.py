@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from draftsmith.target_setup import ensure_smollm2
-from tasks.tokenization import assistant_spans, encode
+from draftsmith.core.target_setup import ensure_smollm2
+from draftsmith.tasks.tokenization import assistant_spans, encode
 
 pytestmark = pytest.mark.unit
 
@@ -91,7 +91,7 @@ def test_truncation_policies(tok):
 
 
 def _worker(tmp_tok_path, **opts):
-    from tasks.token_encode import Options, _init_worker, _process_lines
+    from draftsmith.tasks.token_encode import Options, _init_worker, _process_lines
 
     _init_worker(tmp_tok_path, "chat_template", Options(**({"max_length": 4096} | opts)))
     return _process_lines
@@ -134,7 +134,7 @@ def test_min_loss_tokens_and_thinking_in_the_worker_path():
     ],
 )
 def test_bad_rows_are_rejected_with_a_reason(raw, reason, detail):
-    from tasks.token_rows import Rejected, parse_line
+    from draftsmith.tasks.token_rows import Rejected, parse_line
 
     got = parse_line(raw, fallback_id="f:1", thinking=False, vocab_size=49152)
     assert isinstance(got, Rejected) and got.reason == reason and detail in got.detail
@@ -150,9 +150,9 @@ def test_pretokenized_rows_pass_through_unchanged():
 
 
 def test_a_template_refusing_the_shortened_conversation_rejects_that_row_only(tok):
-    from tasks.renderers import as_renderer
-    from tasks.token_encode import ConversationRow, Options, encode_conversations
-    from tasks.token_rows import Rejected
+    from draftsmith.tasks.renderers import as_renderer
+    from draftsmith.tasks.token_encode import ConversationRow, Options, encode_conversations
+    from draftsmith.tasks.token_rows import Rejected
 
     class RefusesShortened:
         """The tokenizer's template, raising (as a strict template may) once the first exchange is cut."""

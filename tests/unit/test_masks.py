@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from drafters import masks
+from draftsmith.drafters import masks
 
 pytestmark = pytest.mark.unit
 

@@ -5,8 +5,8 @@ import torch
 from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 
-from drafters import masks
-from drafters.mla import MLASpec, MLAttention
+from draftsmith.drafters import masks
+from draftsmith.drafters.mla import MLASpec, MLAttention
 
 pytestmark = pytest.mark.unit
 

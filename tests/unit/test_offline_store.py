@@ -6,11 +6,11 @@ import fsspec
 import pytest
 import torch
 
-from draftsmith import storage
-from transport import offline_reader
-from transport.offline_reader import OfflineDataset, PrefetchLoader
-from transport.offline_store import COMMITS, ShardWriter, StoreInfo, shard_name, write_store
-from transport.sample import HiddenSample, StoreCodec, decode, encode
+from draftsmith.core import storage
+from draftsmith.transport import offline_reader
+from draftsmith.transport.offline_reader import OfflineDataset, PrefetchLoader
+from draftsmith.transport.offline_store import COMMITS, ShardWriter, StoreInfo, shard_name, write_store
+from draftsmith.transport.sample import HiddenSample, StoreCodec, decode, encode
 
 pytestmark = pytest.mark.unit
 TAPS, H = 3, 8

@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-from draftsmith import storage
-from draftsmith.caching import stage_task
-from draftsmith.manifest import file_entry
-from draftsmith.stage import StageResult, run_stage, stage_key
+from draftsmith.core import storage
+from draftsmith.core.caching import stage_task
+from draftsmith.core.manifest import file_entry
+from draftsmith.core.stage import StageResult, run_stage, stage_key
 
 pytestmark = pytest.mark.unit
 

@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from pydantic import ValidationError
 
-from draftsmith.config import RegenerateConfig, TargetConfig
-from draftsmith.retry import is_transient
-from engines.base import ChatRequest, SamplingParams, TargetEngine
-from engines.factory import make_engine
-from engines.openai_http import EngineRequestError, EngineUnavailableError, OpenAIEngine
+from draftsmith.core.config import RegenerateConfig, TargetConfig
+from draftsmith.core.retry import is_transient
+from draftsmith.engines.base import ChatRequest, SamplingParams, TargetEngine
+from draftsmith.engines.factory import make_engine
+from draftsmith.engines.openai_http import EngineRequestError, EngineUnavailableError, OpenAIEngine
 
 pytestmark = pytest.mark.unit
 

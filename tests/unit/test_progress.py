@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from draftsmith import ui
-from draftsmith.manifest import FileEntry, StageManifest
-from draftsmith.progress import Progress, stage_progress
+from draftsmith.core import ui
+from draftsmith.core.manifest import FileEntry, StageManifest
+from draftsmith.core.progress import Progress, stage_progress
 
 pytestmark = pytest.mark.unit
 

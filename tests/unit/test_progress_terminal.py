@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from draftsmith import progress as progress_mod
-from draftsmith.progress import MODE_ENV, Progress, stage_progress
-from evals import harness
-from evals.records import BenchPrompt
-from tasks import prompt_filters, prompt_pool
-from tasks.train import StepProgress
+from draftsmith.core import progress as progress_mod
+from draftsmith.core.progress import MODE_ENV, Progress, stage_progress
+from draftsmith.evals import harness
+from draftsmith.evals.records import BenchPrompt
+from draftsmith.tasks import prompt_filters, prompt_pool
+from draftsmith.tasks.train import StepProgress
 
 pytestmark = pytest.mark.unit
 # tqdm redraws at most every 0.1 s: a pause longer than that makes the next update draw.
@@ -217,7 +217,7 @@ def test_training_steps_and_loss_reach_the_bar():
     tracker = StepProgress(logging.getLogger("draftsmith.test.train"), p, max_steps=None)
     tracker.info("[rank0]:... train: rank 0 of 2, 40 steps, resuming at step 0")
     time.sleep(REDRAW_S)
-    tracker.info("[rank0]:... INFO drafters.training.metrics: train step 10 | loss 3.25 acc_0 0.31")
+    tracker.info("[rank0]:... INFO draftsmith.drafters.training.metrics: train step 10 | loss 3.25 acc_0 0.31")
     p.finish()
     assert re.search(r"25%\|.*\| 10/40 \[.*step/s, loss 3\.25\]", tty.getvalue()), tty.getvalue()
 
@@ -244,7 +244,7 @@ def test_near_dedupe_reports_every_batch_and_keeps_its_result(monkeypatch):
 
 
 def test_the_sweep_driver_polls_while_it_waits(tmp_path):
-    from evals.sweep_bench import run_driver
+    from draftsmith.evals.sweep_bench import run_driver
 
     polls: list[float] = []
     cmd = [sys.executable, "-c", "import time; time.sleep(0.6)"]
@@ -271,8 +271,8 @@ def test_bars_on_other_streams_leave_unrelated_handlers_alone():
 def test_the_sweep_counts_levels_as_their_result_files_appear(monkeypatch, tmp_path):
     import functools
 
-    from draftsmith.config.sweep import SweepConfig
-    from evals import sweep, sweep_bench
+    from draftsmith.core.config.sweep import SweepConfig
+    from draftsmith.evals import sweep, sweep_bench
 
     monkeypatch.setattr(sweep, "run_driver", functools.partial(sweep_bench.run_driver, poll_s=0.05))
     monkeypatch.setattr(sys, "stderr", FakeTTY())

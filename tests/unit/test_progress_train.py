@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from draftsmith.progress import Progress
-from tasks.train import StepProgress, last_step, watching_metrics
+from draftsmith.core.progress import Progress
+from draftsmith.tasks.train import StepProgress, last_step, watching_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -30,9 +30,11 @@ def test_steps_are_read_from_rank0_lines_and_still_logged():
     tracker = StepProgress(inner, progress, max_steps=None)
     lines = [
         "launching /venv/bin/python -m torch.distributed.run --nnodes 1",
-        "[rank0]:00:10:00,000 INFO drafters.training.worker: train: rank 0 of 2, 80 steps, resuming at step 20",
-        "[rank1]:2026-11-30 00:10:01,000 INFO drafters.training.run: train: rank 1 trained 3 micro-batches",
-        "[rank0]:2026-11-30 00:10:05,000 INFO drafters.training.metrics: train step 40 | loss 2.5 acc_0 0.31",
+        "[rank0]:00:10:00,000 INFO draftsmith.drafters.training.worker: "
+        "train: rank 0 of 2, 80 steps, resuming at step 20",
+        "[rank1]:2026-11-30 00:10:01,000 INFO draftsmith.drafters.training.run: train: rank 1 trained 3 micro-batches",
+        "[rank0]:2026-11-30 00:10:05,000 INFO draftsmith.drafters.training.metrics: "
+        "train step 40 | loss 2.5 acc_0 0.31",
     ]
     for line in lines:
         tracker.info("%s", line)

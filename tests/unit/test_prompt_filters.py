@@ -1,4 +1,4 @@
-"""Unit tests for tasks.prompt_filters: dedupe, length, near duplicates, decontamination, mix and split."""
+"""Unit tests for draftsmith.tasks.prompt_filters: dedupe, length, near duplicates, decontamination, mix and split."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from draftsmith.config.select import SYNTHETIC_CATEGORIES
-from tasks import prompt_filters as pf
-from tasks.prompt_pool import CATEGORIES, PromptRecord
+from draftsmith.core.config.select import SYNTHETIC_CATEGORIES
+from draftsmith.tasks import prompt_filters as pf
+from draftsmith.tasks.prompt_pool import CATEGORIES, PromptRecord
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Unit tests for tasks.prompt_pool: synthetic pool, JSONL reading, dedupe and held-out split."""
+"""Unit tests for draftsmith.tasks.prompt_pool: synthetic pool, JSONL reading, dedupe and held-out split."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tasks.prompt_pool import CATEGORIES, PromptRecord, synthetic_pool
-from tasks.prompt_sources import dedupe, read_prompts_jsonl, split_heldout
+from draftsmith.tasks.prompt_pool import CATEGORIES, PromptRecord, synthetic_pool
+from draftsmith.tasks.prompt_sources import dedupe, read_prompts_jsonl, split_heldout
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Unit tests for prompt normalisation (tasks.prompt_formats) and lenient sources (tasks.prompt_sources)."""
+"""Unit tests for prompt normalisation (`tasks.prompt_formats`) and lenient sources (`tasks.prompt_sources`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.config.select import PromptSource, SelectConfig
-from draftsmith.rejects import Rejects
-from tasks.prompt_formats import RowError, normalize_row, reference_texts
-from tasks.prompt_pool import PromptRecord
-from tasks.prompt_sources import load_sources, path_fingerprint, source_fingerprint
+from draftsmith.core.config.select import PromptSource, SelectConfig
+from draftsmith.core.rejects import Rejects
+from draftsmith.tasks.prompt_formats import RowError, normalize_row, reference_texts
+from draftsmith.tasks.prompt_pool import PromptRecord
+from draftsmith.tasks.prompt_sources import load_sources, path_fingerprint, source_fingerprint
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""`engines.rank_health` on torchrun's own words: which rank caused a failure, which output lines are
+"""`draftsmith.engines.rank_health` on torchrun's own words: which rank caused a failure, which output lines are
 tracebacks, and when a live rank's heartbeat is stale. The real launches are in tests/faults/test_fault_ranks.py."""
 
 import json
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engines import rank_health
+from draftsmith.engines import rank_health
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +18,7 @@ SUMMARY_OUTSIDE = """\
 W1202 01:06:39.1 torch/distributed/elastic/multiprocessing/api.py:908] Sending process 4242 closing signal SIGTERM
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-drafters.training.worker FAILED
+draftsmith.drafters.training.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

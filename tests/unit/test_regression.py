@@ -7,9 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from draftsmith import cli
-from draftsmith.config import NightlyConfig, load_recipe
-from draftsmith.config.nightly import Bands
-from tasks import regression
+from draftsmith.core.config import NightlyConfig, load_recipe
+from draftsmith.core.config.nightly import Bands
+from draftsmith.tasks import regression
 from tests.conftest import RECIPES
 
 pytestmark = pytest.mark.unit

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from draftsmith.target_setup import ensure_smollm2
-from tasks.renderers import ChatTemplateRenderer, KimiRenderer, assistant_spans, get_renderer
-from tasks.tokenization import encode
+from draftsmith.core.target_setup import ensure_smollm2
+from draftsmith.tasks.renderers import ChatTemplateRenderer, KimiRenderer, assistant_spans, get_renderer
+from draftsmith.tasks.tokenization import encode
 
 pytestmark = pytest.mark.unit
 
@@ -222,9 +222,9 @@ def _varied(n: int, seed: int, *, tools: bool) -> list:
 @pytest.mark.parametrize("thinking", [False, True])
 def test_fast_spans_equal_the_reference_bitwise(request, fixture, renderer, tools, thinking):
     """One render + the probe's search gives the reference's bytes, and falls back where the text is ambiguous."""
-    from tasks.renderers import probe_spans, spans_fast
-    from tasks.token_encode import Encoded, Options, encode_conversations
-    from tasks.token_rows import ConversationRow
+    from draftsmith.tasks.renderers import probe_spans, spans_fast
+    from draftsmith.tasks.token_encode import Encoded, Options, encode_conversations
+    from draftsmith.tasks.token_rows import ConversationRow
 
     tok = request.getfixturevalue(fixture)
     r = get_renderer(renderer, tok, thinking=thinking)
@@ -243,7 +243,7 @@ def test_fast_spans_equal_the_reference_bitwise(request, fixture, renderer, tool
 
 
 def test_probe_refuses_a_template_that_rewrites_history(chatml):
-    from tasks.renderers import ChatTemplateRenderer, probe_spans
+    from draftsmith.tasks.renderers import ChatTemplateRenderer, probe_spans
 
     tok = _tokenizer()
     # The last assistant turn is rendered differently from earlier ones: render boundaries disagree with it.
@@ -289,7 +289,7 @@ _TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add <
 @pytest.mark.parametrize("thinking", [False, True])
 def test_jinja_renderer_equals_apply_chat_template(name, thinking, request):
     """The transformers-free renderer gives `apply_chat_template`'s text bit for bit, and its errors."""
-    from tasks.renderers import JinjaTemplateRenderer
+    from draftsmith.tasks.renderers import JinjaTemplateRenderer
 
     tok = request.getfixturevalue(name)
     ours = JinjaTemplateRenderer(tok.chat_template, tok.special_tokens_map, thinking=thinking)
@@ -309,7 +309,7 @@ def test_jinja_renderer_equals_apply_chat_template(name, thinking, request):
 
 def test_light_tokenizer_equals_transformers(chatml):
     """The worker's transformers-free tokenizer encodes like `load_tokenizer`'s, special tokens included."""
-    from tasks.token_encode import load_light_tokenizer, load_tokenizer
+    from draftsmith.tasks.token_encode import load_light_tokenizer, load_tokenizer
 
     path = str(ensure_smollm2())
     light, tok = load_light_tokenizer(path), load_tokenizer(path)
@@ -328,7 +328,7 @@ def test_trust_remote_code_reaches_the_tokenizer_of_code_shipping_models(tmp_pat
     # nothing else may turn it on.
     import transformers
 
-    from tasks.token_encode import load_tokenizer
+    from draftsmith.tasks.token_encode import load_tokenizer
 
     (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "TikTokenTokenizer"}')
     seen = []

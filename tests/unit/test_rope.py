@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from drafters.layers import RopeScaling, rope_tables
+from draftsmith.drafters.layers import RopeScaling, rope_tables
 
 pytestmark = pytest.mark.unit
 
@@ -65,8 +65,8 @@ def test_yarn_changes_only_low_frequencies_and_unknown_types_fail():
 
 
 def test_an_eagle3_drafter_rotates_like_its_yarn_target_and_exports_the_scaling():
-    from drafters.eagle3.export import serving_config
-    from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+    from draftsmith.drafters.eagle3.export import serving_config
+    from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
     spec = Eagle3Spec(

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transport.sample import (
+from draftsmith.transport.sample import (
     FP8_MAX,
     HiddenSample,
     StoreCodec,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from drafters.export import bundle, engines
 from draftsmith import cli
+from draftsmith.drafters.export import bundle, engines
 
 pytestmark = pytest.mark.unit
 
@@ -124,8 +124,8 @@ def test_platform_defaults_to_cuda_visibility(monkeypatch):
 
 
 def _eagle3() -> torch.nn.Module:
-    from drafters import vocab
-    from drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+    from draftsmith.drafters import vocab
+    from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
     torch.manual_seed(0)
     spec = Eagle3Spec(

@@ -9,10 +9,10 @@ must draw the same tokens as batch 1 (only fp32 summation order differs between 
 import pytest
 import torch
 
-from drafters.dflash.decode import BlockProposer
-from drafters.speculative import plain_decode, speculative_decode
-from drafters.speculative_batch import plain_decode_batch, speculative_decode_batch
-from drafters.verify import Sampling
+from draftsmith.drafters.dflash.decode import BlockProposer
+from draftsmith.drafters.speculative import plain_decode, speculative_decode
+from draftsmith.drafters.speculative_batch import plain_decode_batch, speculative_decode_batch
+from draftsmith.drafters.verify import Sampling
 from tests.small_llama import small_llama
 from tests.unit.test_dflash_decode import SMALL, TAPS, _drafter
 

@@ -1,4 +1,4 @@
-"""Sampled speculative decoding end to end (`drafters.speculative`) with each family's proposer: the
+"""Sampled speculative decoding end to end (`draftsmith.drafters.speculative`) with each family's proposer: the
 distribution of the first generated tokens equals the target's own sampling distribution (chi-square),
 for token and block verification; DSpark's dynamic truncation keeps greedy decoding exact.
 
@@ -9,12 +9,12 @@ rejections (residual resampling) shape what is emitted.
 import pytest
 import torch
 
-from drafters.dflash.decode import speculative_generate as block_generate
-from drafters.dspark import decode as dspark_decode
-from drafters.eagle3.decode import greedy_generate
-from drafters.eagle3.decode import speculative_generate as chain_generate
-from drafters.speculative import plain_decode
-from drafters.verify import Sampling, warp
+from draftsmith.drafters.dflash.decode import speculative_generate as block_generate
+from draftsmith.drafters.dspark import decode as dspark_decode
+from draftsmith.drafters.eagle3.decode import greedy_generate
+from draftsmith.drafters.eagle3.decode import speculative_generate as chain_generate
+from draftsmith.drafters.speculative import plain_decode
+from draftsmith.drafters.verify import Sampling, warp
 from tests.small_llama import small_llama
 from tests.unit.test_dflash_decode import _drafter as dflash_drafter
 from tests.unit.test_dspark_model import TAPS3

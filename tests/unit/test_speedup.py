@@ -8,9 +8,9 @@ import pytest
 from PIL import Image
 
 from draftsmith import cli, cli_speedup
-from draftsmith.config.sweep import SpeedupConfig
-from evals import plots, speedup
-from evals.sweep_bench import LevelResult, SpecDecode
+from draftsmith.core.config.sweep import SpeedupConfig
+from draftsmith.evals import plots, speedup
+from draftsmith.evals.sweep_bench import LevelResult, SpecDecode
 
 CFG = SpeedupConfig(concurrency=(4, 1), rounds=2, requests=4, max_tokens=8, warmup_requests=1)
 LAT = {"mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": 1.0}

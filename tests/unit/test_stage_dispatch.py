@@ -7,9 +7,10 @@ import prefect.deployments
 import pytest
 from prefect.exceptions import ObjectNotFound
 
-from draftsmith import dispatch, storage
-from draftsmith.config.stages import Resources
-from draftsmith.manifest import StageManifest, file_entry
+from draftsmith.core import storage
+from draftsmith.core.config.stages import Resources
+from draftsmith.core.manifest import StageManifest, file_entry
+from draftsmith.flows import dispatch
 from draftsmith.pools import load_base_job_template
 
 pytestmark = pytest.mark.unit

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engines import taps
+from draftsmith.engines import taps
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Tests for draftsmith.target_setup: cache folders, checksums, locking, and the embedded targets."""
+"""Tests for draftsmith.core.target_setup: cache folders, checksums, locking, and the embedded targets."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from draftsmith import target_setup as ts
+from draftsmith.core import target_setup as ts
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -129,7 +129,7 @@ def test_lock_lets_only_one_of_two_processes_build(tmp_path: Path) -> None:
         f"""
         import time
         from pathlib import Path
-        from draftsmith import target_setup as ts
+        from draftsmith.core import target_setup as ts
 
         def build(out):
             with open({str(tmp_path / "builds.log")!r}, "a") as log:

@@ -6,13 +6,13 @@ import sys
 import pytest
 import torch
 
-from draftsmith import storage, tensorio
+from draftsmith.core import storage, tensorio
 
 pytestmark = pytest.mark.unit
 
 _SNIPPET = """
 import torch
-from draftsmith import storage, tensorio
+from draftsmith.core import storage, tensorio
 t = {"ids": torch.arange(7, dtype=torch.int32), "h": torch.linspace(0, 1, 12).to(torch.bfloat16).view(3, 4)}
 print(storage.sha256(tensorio.dumps(t, {f"key{i}": str(i) * i for i in range(12)})))
 """

@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from drafters.training import flops
-from drafters.training.flops import device_peak_flops, flops_per_step, measured_matmul_peak, mfu
+from draftsmith.drafters.training import flops
+from draftsmith.drafters.training.flops import device_peak_flops, flops_per_step, measured_matmul_peak, mfu
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from drafters.training.metrics import DeferredMetrics, MetricsSink, read_jsonl, summary_markdown
+from draftsmith.drafters.training.metrics import DeferredMetrics, MetricsSink, read_jsonl, summary_markdown
 
 pytestmark = pytest.mark.unit
 

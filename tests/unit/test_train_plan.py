@@ -1,4 +1,4 @@
-"""Length-grouped, rank-balanced epoch plans (drafters.training.plan)."""
+"""Length-grouped, rank-balanced epoch plans (draftsmith.drafters.training.plan)."""
 
 import math
 import random
@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from drafters.training.plan import (
+from draftsmith.drafters.training.plan import (
     EpochPlan,
     MicroBatch,
     padding_share,
@@ -72,7 +72,7 @@ def test_budget_respected_longest_first_and_token_counts():
 
 
 def test_one_chunk_gives_the_plain_longest_first_grouping():
-    from draftsmith.batching import group_by_length
+    from draftsmith.core.batching import group_by_length
 
     lengths = random.Random(5).sample(range(1, 2000), 300)  # distinct, so ties cannot reorder
     plan = _plan(lengths, world=1, grad_accum=1, chunk=len(lengths), budget=4096)

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from drafters.training.schedule import lr_factor, lr_lambda
-from draftsmith.config.train import TrainConfig
+from draftsmith.core.config.train import TrainConfig
+from draftsmith.drafters.training.schedule import lr_factor, lr_lambda
 
 pytestmark = pytest.mark.unit
 

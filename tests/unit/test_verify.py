@@ -18,7 +18,7 @@ from bisect import bisect_right
 import pytest
 import torch
 
-from drafters.verify import Sampling, Verdict, block_verify, greedy_verify, token_verify, verify, warp
+from draftsmith.drafters.verify import Sampling, Verdict, block_verify, greedy_verify, token_verify, verify, warp
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from drafters.vocab import build_draft_vocab, check_vocab, draft_ids, target_to_draft
+from draftsmith.drafters.vocab import build_draft_vocab, check_vocab, draft_ids, target_to_draft
 
 pytestmark = pytest.mark.unit
 

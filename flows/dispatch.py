@@ -12,7 +12,7 @@ Its stage folder holds the manifest the parent then reads back. `run_dir` must t
 pools reach: S3 on a cluster, a local folder on one machine.
 
 A rerun does not schedule a pod to learn that nothing changed: the parent computes the stage's key (the
-same `draftsmith.stage.stage_key` the stage itself, and its Prefect cache key, use) and, when the stage folder
+same `draftsmith.core.stage.stage_key` the stage itself, and its Prefect cache key, use) and, when the stage folder
 holds a current manifest for it (`valid_manifest`: every file with its recorded size and digest), answers from
 the folder. A dispatched stage must finish with that key; one that finishes with another (a pool whose workers
 run other code) is refused by name.
@@ -23,11 +23,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from draftsmith import storage
-from draftsmith.config import PipelineConfig
-from draftsmith.config.stages import Resources
-from draftsmith.manifest import StageManifest
-from draftsmith.stage import load_manifest, valid_manifest
+from draftsmith.core import storage
+from draftsmith.core.config import PipelineConfig
+from draftsmith.core.config.stages import Resources
+from draftsmith.core.manifest import StageManifest
+from draftsmith.core.stage import load_manifest, valid_manifest
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from draftsmith import storage
-from draftsmith.manifest import StageManifest
+from draftsmith.core import storage
+from draftsmith.core.manifest import StageManifest
 
 log = logging.getLogger(__name__)
 _NOT_KEY = re.compile(r"[^a-z0-9]+")
@@ -129,7 +129,7 @@ def link_of(uri: str) -> str:
 
 def _served_target(source: str) -> str:
     """What `vllm serve` takes for the recipe's target: the model folder of an embedded one, else the source."""
-    from draftsmith.target_setup import EMBEDDED_PREFIX, resolve_target
+    from draftsmith.core.target_setup import EMBEDDED_PREFIX, resolve_target
 
     return str(resolve_target(source)) if source.startswith(EMBEDDED_PREFIX) else source
 
@@ -145,7 +145,7 @@ def serve_markdown(
         depth: The EAGLE-3 drafter's trained depth (`drafter.ttt_depth`); block drafters read their config.
         platform: `cpu` or `gpu` form of the vLLM command; None: the platform this stage ran on.
     """
-    from drafters.export import bundle, engines
+    from draftsmith.drafters.export import bundle, engines
 
     run_dir = checkpoint.uri.rstrip("/").rsplit("/", 1)[0]
     kind = checkpoint.info.get("drafter", "")

@@ -1,14 +1,14 @@
 """One config section per pipeline stage, plus the target, storage and resources (the drafter: `drafter.py`).
 
 Cross-section rules (taps against the target's layer count, for instance) live in
-`draftsmith.config.pipeline`, because a section cannot see its siblings.
+`draftsmith.core.config.pipeline`, because a section cannot see its siblings.
 """
 
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from draftsmith.config.base import StrictModel
+from draftsmith.core.config.base import StrictModel
 
 
 class Resources(StrictModel):

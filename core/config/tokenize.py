@@ -4,8 +4,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from draftsmith.config.base import StrictModel
-from draftsmith.config.stages import Resources
+from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.stages import Resources
 
 
 class TokenizeConfig(StrictModel):

@@ -3,14 +3,14 @@
 `eagle3` is a chain drafter trained with training-time test (optionally anchored, optionally MLA attention);
 `dflash2` and `dspark` are block drafters that draft a whole block in one forward. Every family's width is
 the target's (`target.hidden_size`): drafters share the target's embedding, and the block drafters its lm_head.
-Cross-section checks (taps, vocabulary, widths) live in `draftsmith.config.pipeline`.
+Cross-section checks (taps, vocabulary, widths) live in `draftsmith.core.config.pipeline`.
 """
 
 from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
-from draftsmith.config.base import StrictModel
+from draftsmith.core.config.base import StrictModel
 
 LayerType = Literal["full_attention", "sliding_attention"]
 

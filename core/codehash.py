@@ -14,16 +14,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
+from draftsmith.core import layout
+
 ROOT = Path(__file__).resolve().parents[1]
-# The import names whose files belong to this project (the top-level folders that hold its code).
-PACKAGES = ("draftsmith", "flows", "tasks", "drafters", "engines", "transport", "evals", "kernels")
 
 
 def _project_file(name: str) -> Path | None:
-    """The file of module `name` when it is one of the project's, else None."""
-    if name.split(".")[0] not in PACKAGES:
+    """The file of module `name` when it is one of the project's (`core.layout.PACKAGES`), else None."""
+    package = layout.package_of(name)
+    if package is None:
         return None
-    rel = Path(*name.split("."))
+    rel = Path(layout.PACKAGES[package], *name[len(package) :].split(".")[1:])
     for path in (ROOT / rel.with_suffix(".py"), ROOT / rel / "__init__.py"):
         if path.is_file():
             return path

@@ -30,7 +30,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from draftsmith import ui
+from draftsmith.core import ui
 
 log = logging.getLogger(__name__)
 MIN_INTERVAL_S = 2.0

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from draftsmith.config.base import StrictModel
-from draftsmith.config.stages import Resources
+from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.stages import Resources
 
 # The synthetic pool's categories (tasks/prompt_pool.CATEGORIES); repeated here because config must not
 # import stage code. tests/unit/test_prompt_filters.py checks the two stay equal.

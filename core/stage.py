@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from draftsmith import runlock, storage
-from draftsmith.codehash import code_digest
-from draftsmith.manifest import FileEntry, StageManifest
+from draftsmith.core import runlock, storage
+from draftsmith.core.codehash import code_digest
+from draftsmith.core.manifest import FileEntry, StageManifest
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftsmith.config.base import StrictModel
-from draftsmith.config.regenerate import VLLMOfflineConfig
-from draftsmith.config.stages import Resources
+from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.regenerate import VLLMOfflineConfig
+from draftsmith.core.config.stages import Resources
 
 
 class OnlineConfig(StrictModel):

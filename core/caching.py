@@ -1,7 +1,7 @@
 """Prefect cache keys made from the stage's own key, so Prefect and the stage agree on "current".
 
 Every stage module defines `<stage>_key(...)` with its task's parameters (all but `run_dir`); the stage
-function runs under that key (`draftsmith.stage.run_stage`) and the task's Prefect cache key is that same
+function runs under that key (`draftsmith.core.stage.run_stage`) and the task's Prefect cache key is that same
 key, checked by `valid_manifest` (every file present with its recorded size and digest) and extended with
 the files' digests. No current manifest on disk means no key at all (the task runs). So the first rerun
 after a stage completes runs the task body, which finds the current manifest and returns it without work;
@@ -9,7 +9,7 @@ later reruns are Prefect cache hits. The dispatch of a stage to another pool ask
 through the task's `stage_key` attribute.
 
 Each stage task run is named `<task>[<run>]` and, when its body runs, publishes the stage's markdown
-summary (`draftsmith.ui`).
+summary (`draftsmith.core.ui`).
 """
 
 import functools
@@ -20,10 +20,10 @@ from typing import Any
 
 from prefect import task
 
-from draftsmith import storage, ui
-from draftsmith.manifest import StageManifest
-from draftsmith.retry import RETRIES, RETRY_DELAYS, transient_only
-from draftsmith.stage import valid_manifest
+from draftsmith.core import storage, ui
+from draftsmith.core.manifest import StageManifest
+from draftsmith.core.retry import RETRIES, RETRY_DELAYS, transient_only
+from draftsmith.core.stage import valid_manifest
 
 KeyFn = Callable[..., str]
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from draftsmith.config.base import StrictModel
+from draftsmith.core.config.base import StrictModel
 
 DrafterKind = Literal["eagle3", "dflash2", "dspark"]
 DEPLOYMENTS = Path(__file__).resolve().parents[2] / "deployments"

@@ -5,7 +5,7 @@ drops it when every process holding that file is gone: a killed run leaves no lo
 record (host, pid, start time, command) in the file, which the next run overwrites. The trainer's torchrun
 inherits the open file (`inherited_fds`), so a rerun is refused while an old trainer is still writing.
 
-An object-store run folder is held by a lease object renewed with conditional puts (`draftsmith.runlease`):
+An object-store run folder is held by a lease object renewed with conditional puts (`draftsmith.core.runlease`):
 a killed run stops renewing it, and the next run takes it over once it has expired (`storage.lock_lease_s`).
 """
 
@@ -24,10 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("draftsmith.runlock")
+log = logging.getLogger("draftsmith.core.runlock")
 
 LOCK_NAME = ".lock"
-# tempfile.mkstemp(prefix=".<name>.", suffix=".tmp") as draftsmith.storage's atomic writes name them.
+# tempfile.mkstemp(prefix=".<name>.", suffix=".tmp") as draftsmith.core.storage's atomic writes name them.
 _TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
 
 
@@ -56,7 +56,7 @@ _guard = threading.Lock()
 
 
 def _command() -> str:
-    from draftsmith.redact import redact  # a --set value may carry a secret
+    from draftsmith.core.redact import redact  # a --set value may carry a secret
 
     cmd = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else sys.executable
     flow_run = os.environ.get("PREFECT__FLOW_RUN_ID")
@@ -134,8 +134,8 @@ def _record() -> dict:
 
 @contextlib.contextmanager
 def _hold_remote(run_dir: str, lease_s: float | None) -> Iterator[None]:
-    from draftsmith.config import StorageConfig
-    from draftsmith.runlease import S3Lease
+    from draftsmith.core.config import StorageConfig
+    from draftsmith.core.runlease import S3Lease
 
     with _guard:
         if (held := _held.get(run_dir)) is not None:  # a nested hold in this process
@@ -165,7 +165,7 @@ def hold(run_dir: str, lease_s: float | None = None) -> Iterator[None]:
 
     `lease_s` is the lease of an object-store folder (None: `StorageConfig`'s); a local folder is flocked.
     """
-    from draftsmith import storage
+    from draftsmith.core import storage
 
     if not storage.is_local(run_dir):
         with _hold_remote(run_dir, lease_s):
@@ -191,7 +191,7 @@ def remove_stale_temps(folder: str) -> list[str]:
     """Delete atomic-write temp files (`.<name>.XXXXXXXX.tmp`) left anywhere under a local `folder` by a
     writer that was killed mid-write; returns their paths relative to `folder`. Only safe for the folder's
     one writer."""
-    from draftsmith import storage
+    from draftsmith.core import storage
 
     if not storage.is_local(folder):
         return []  # object-store writes are single PUTs: no temp files

@@ -24,8 +24,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from draftsmith.redact import MASK, redact
-from draftsmith.retry import is_transient
+from draftsmith.core.redact import MASK, redact
+from draftsmith.core.retry import is_transient
 
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 _BUCKET_STORES = {"s3", "s3a", "gs", "gcs"}

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from draftsmith.config.base import StrictModel
-from draftsmith.config.stages import Resources
+from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.stages import Resources
 
 Dtype = Literal["float32", "bfloat16"]
 
@@ -58,7 +58,7 @@ class MetricsConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
-    """Drafter training with the FSDP2 trainer (`drafters.training`), launched through torchrun."""
+    """Drafter training with the FSDP2 trainer (`draftsmith.drafters.training`), launched through torchrun."""
 
     epochs: int = Field(2, gt=0, description="Passes over the training samples.")
     lr: float = Field(1e-3, gt=0.0, description="Peak AdamW learning rate.")

@@ -15,7 +15,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-log = logging.getLogger("draftsmith.runlock")
+log = logging.getLogger("draftsmith.core.runlock")
 
 LOCK_NAME = ".lock"
 
@@ -28,7 +28,7 @@ def _client() -> Any:
 
 
 def _bucket_key(url: str) -> tuple[str, str]:
-    from draftsmith import storage
+    from draftsmith.core import storage
 
     _, path = storage.filesystem(url)
     bucket, _, key = path.partition("/")
@@ -43,7 +43,7 @@ class S3Lease:
     """The lease on one object-store run folder, renewed in a background thread while held."""
 
     def __init__(self, run_dir: str, record: dict, lease_s: float) -> None:
-        from draftsmith import storage
+        from draftsmith.core import storage
 
         self.run_dir, self.record, self.lease_s = run_dir, record, lease_s
         self.url = storage.join(run_dir, LOCK_NAME)
@@ -60,7 +60,7 @@ class S3Lease:
 
     def _put(self, **condition: str) -> bool:
         """One conditional put of a fresh record; False when the condition failed (someone else holds it)."""
-        from draftsmith import storage
+        from draftsmith.core import storage
 
         try:
             # A refusal (read-only bucket, bad credentials) becomes one line naming the lease object.
@@ -74,7 +74,7 @@ class S3Lease:
             raise
 
     def _current(self) -> tuple[dict | None, str | None]:
-        from draftsmith import storage
+        from draftsmith.core import storage
 
         try:
             with storage.reported("read", self.url):
@@ -91,7 +91,7 @@ class S3Lease:
 
     def acquire(self) -> None:
         """Take the lease, or raise `RunFolderBusy` naming a holder whose lease has not expired."""
-        from draftsmith.runlock import RunFolderBusy
+        from draftsmith.core.runlock import RunFolderBusy
 
         for _ in range(3):  # the holder may release or renew between our put and our read
             if self._put(IfNoneMatch="*"):

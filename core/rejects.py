@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftsmith.manifest import FileEntry, file_entry
+from draftsmith.core.manifest import FileEntry, file_entry
 
 REJECTED_FILE = "rejected.jsonl"
 _EXCERPT_CHARS = 2000

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from draftsmith import storage
+from draftsmith.core import storage
 
 try:
     import xxhash

@@ -4,18 +4,18 @@ import re
 
 from pydantic import Field, model_validator
 
-from draftsmith.config.base import StrictModel
-from draftsmith.config.drafter import DrafterConfig
-from draftsmith.config.hidden_states import HiddenStatesConfig
-from draftsmith.config.regenerate import RegenerateConfig
-from draftsmith.config.select import SelectConfig
-from draftsmith.config.stages import (
+from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.drafter import DrafterConfig
+from draftsmith.core.config.hidden_states import HiddenStatesConfig
+from draftsmith.core.config.regenerate import RegenerateConfig
+from draftsmith.core.config.select import SelectConfig
+from draftsmith.core.config.stages import (
     EvaluateConfig,
     StorageConfig,
     TargetConfig,
 )
-from draftsmith.config.tokenize import TokenizeConfig
-from draftsmith.config.train import TrainConfig
+from draftsmith.core.config.tokenize import TokenizeConfig
+from draftsmith.core.config.train import TrainConfig
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 

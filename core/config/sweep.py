@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from draftsmith.config.base import StrictModel
+from draftsmith.core.config.base import StrictModel
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROMPTS = (
@@ -27,7 +27,7 @@ def _distinct_levels(v: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class SweepConfig(StrictModel):
-    """One throughput sweep against one server (`draftsmith sweep`, `evals.sweep`)."""
+    """One throughput sweep against one server (`draftsmith sweep`, `draftsmith.evals.sweep`)."""
 
     concurrency: tuple[int, ...] = Field(DEFAULT_CONCURRENCY, min_length=1, description="Levels, requests in flight.")
     requests_per_level: int = Field(128, ge=1, description="Requests sent at each level; at least max concurrency.")

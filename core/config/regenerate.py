@@ -6,8 +6,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from draftsmith.config.base import StrictModel
-from draftsmith.config.stages import Resources
+from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.stages import Resources
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 

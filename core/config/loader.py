@@ -9,7 +9,7 @@ import fsspec
 import yaml
 from pydantic import ValidationError
 
-from draftsmith.config.pipeline import PipelineConfig
+from draftsmith.core.config.pipeline import PipelineConfig
 
 
 class RecipeError(ValueError):
@@ -95,7 +95,7 @@ _SHAPE_KEYS = (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size
 
 def _local_model_config(source: str) -> dict[str, Any] | None:
     """The target's config.json when its folder is on this machine; None for a served or unbuilt model."""
-    from draftsmith.target_setup import EMBEDDED_PREFIX, embedded_folder
+    from draftsmith.core.target_setup import EMBEDDED_PREFIX, embedded_folder
 
     try:
         if source.startswith(EMBEDDED_PREFIX):
@@ -305,7 +305,7 @@ def record_recipe(cfg: PipelineConfig, run_dir: str) -> str:
     What later tools read back: `draftsmith export RUN` takes the target and taps from it, and anyone can
     rerun exactly this run with `draftsmith run <run_dir>/recipe.yaml`.
     """
-    from draftsmith import storage
+    from draftsmith.core import storage
 
     url = storage.join(run_dir, "recipe.yaml")
     storage.write_bytes(url, dump_recipe(cfg).encode())
