@@ -365,10 +365,11 @@ import json, sys, time
 from pathlib import Path
 from draftsmith.core.config import HiddenStatesConfig, TargetConfig
 from draftsmith.core.manifest import StageManifest
-from draftsmith.tasks.hidden_stream import OnlineSource
+from draftsmith.transport.online_source import OnlineSource
 spec = json.loads(Path(sys.argv[1]).read_text())
 parts = HiddenStatesConfig.model_validate(spec["hidden"]), TargetConfig.model_validate(spec["target"])
-with OnlineSource(*parts, StageManifest.model_validate(spec["tokens"]), epochs=1000, run_id="parent") as source:
+with OnlineSource(*parts, StageManifest.model_validate(spec["tokens"]), epochs=1000, run_id="parent",
+                  producer_module="draftsmith.tasks.hidden_stream") as source:
     pids = {"master": source.master.proc.pid, "producers": [proc.pid for proc, _ in source.procs]}
     Path(sys.argv[2]).write_text(json.dumps(pids))
     time.sleep(600)

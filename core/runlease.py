@@ -39,6 +39,18 @@ def _error_code(err: Exception) -> str:
     return str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
 
 
+class RunFolderBusy(ValueError):
+    """Another live process holds the run folder. A ValueError, so `draftsmith run` exits 2."""
+
+    def __init__(self, run_dir: str, holder: dict | None) -> None:
+        self.run_dir, self.holder = run_dir, holder or {}
+        h = self.holder
+        super().__init__(
+            f"run folder {run_dir} is in use by pid {h.get('pid', '?')} on {h.get('host', '?')} "
+            f"since {h.get('started', '?')} (started by: {h.get('command', '?')})"
+        )
+
+
 class S3Lease:
     """The lease on one object-store run folder, renewed in a background thread while held."""
 
@@ -91,8 +103,6 @@ class S3Lease:
 
     def acquire(self) -> None:
         """Take the lease, or raise `RunFolderBusy` naming a holder whose lease has not expired."""
-        from draftsmith.core.runlock import RunFolderBusy
-
         for _ in range(3):  # the holder may release or renew between our put and our read
             if self._put(IfNoneMatch="*"):
                 break

@@ -24,23 +24,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from draftsmith.core.runlease import RunFolderBusy, S3Lease
+
 log = logging.getLogger("draftsmith.core.runlock")
 
 LOCK_NAME = ".lock"
 # tempfile.mkstemp(prefix=".<name>.", suffix=".tmp") as draftsmith.core.storage's atomic writes name them.
 _TEMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
-
-
-class RunFolderBusy(ValueError):
-    """Another live process holds the run folder. A ValueError, so `draftsmith run` exits 2."""
-
-    def __init__(self, run_dir: str, holder: dict | None) -> None:
-        self.run_dir, self.holder = run_dir, holder or {}
-        h = self.holder
-        super().__init__(
-            f"run folder {run_dir} is in use by pid {h.get('pid', '?')} on {h.get('host', '?')} "
-            f"since {h.get('started', '?')} (started by: {h.get('command', '?')})"
-        )
 
 
 class _Held:
@@ -135,7 +125,6 @@ def _record() -> dict:
 @contextlib.contextmanager
 def _hold_remote(run_dir: str, lease_s: float | None) -> Iterator[None]:
     from draftsmith.core.config import StorageConfig
-    from draftsmith.core.runlease import S3Lease
 
     with _guard:
         if (held := _held.get(run_dir)) is not None:  # a nested hold in this process

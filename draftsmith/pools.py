@@ -12,19 +12,15 @@ torchrun rendezvous, the other pods only join it (see deployments/work-pools/REA
 
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
 from prefect.utilities.templating import PlaceholderType, apply_values, find_placeholders
 
-from draftsmith.core.config import Resources
+from draftsmith.core.gpus import gpu_limit_name
 
 WORK_POOLS_DIR = Path(__file__).resolve().parents[1] / "deployments" / "work-pools"
-# Global concurrency limits for GPUs are named `<GPU_CONCURRENCY_LIMIT>:<pool>`; one slot = one GPU.
-GPU_CONCURRENCY_LIMIT = "gpu"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_PATH = "/dev/shm"
 # What the Prefect kubernetes worker insists on (its job-manifest validators reject anything else).
@@ -325,11 +321,6 @@ def nodes_default(template: dict[str, Any]) -> int:
     return int(spec["default"]) if spec else 1
 
 
-def gpu_limit_name(pool: str) -> str:
-    """Name of the global concurrency limit that counts the GPUs of `pool`."""
-    return f"{GPU_CONCURRENCY_LIMIT}:{pool}"
-
-
 def gpu_pool_concurrency(template: dict[str, Any], gpus: int, gpus_per_run: int | None = None) -> int:
     """Flow runs a GPU pool holding `gpus` GPUs runs at once: `gpus // gpus_per_run`.
 
@@ -367,20 +358,3 @@ def gpu_limit_commands(pool: str, gpus: int, *, gpus_per_run: int | None = None)
         ],
         ["prefect", "gcl", "create", gpu_limit_name(pool), "--limit", str(gpus)],
     ]
-
-
-@contextmanager
-def gpu_slots(resources: Resources) -> Iterator[None]:
-    """Hold `gpus * nodes` slots of the pool's `gpu:<pool>` limit while the block runs (none on CPU pools).
-
-    Strict: on a GPU pool whose limit was never created, this fails with Prefect's error instead of
-    silently oversubscribing the GPUs.
-    """
-    need = resources.gpus * resources.nodes
-    if need == 0:
-        yield
-        return
-    from prefect.concurrency.sync import concurrency
-
-    with concurrency(gpu_limit_name(resources.work_pool), occupy=need, strict=True):
-        yield

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from draftsmith.core import storage
+from draftsmith.core.rows import BadRow, jsonl_rows, parquet_rows
 from draftsmith.evals.records import BenchPrompt
-from draftsmith.tasks.prompt_sources import _Bad, jsonl_rows, parquet_rows
 
 FORMATS: tuple[str, ...] = ("mtbench", "speedbench", "gsm8k", "math500", "humaneval", "mbpp")
 HUMANEVAL_TEMPLATE = (
@@ -77,7 +77,7 @@ def load_bench(name: str, path: str, *, limit: int | None = None, format: str | 
         if limit is not None and len(prompts) >= limit:
             break
         where = f"{path}:{line}"
-        if isinstance(row, _Bad):
+        if isinstance(row, BadRow):
             raise BenchFileError(f"{where}: {row.detail}")
         if not isinstance(row, dict):
             raise BenchFileError(f"{where}: row must be a JSON object, got {type(row).__name__}")

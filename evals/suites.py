@@ -18,8 +18,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from draftsmith.core.config.select import SYNTHETIC_CATEGORIES as CATEGORIES
+from draftsmith.core.prompt_keys import dedupe_key
 from draftsmith.evals.records import BenchPrompt
-from draftsmith.tasks.prompt_pool import CATEGORIES, dedupe_key
 
 SOURCE = "builtin"
 # Redraws per item before giving up; every category's template space holds tens of thousands of texts.

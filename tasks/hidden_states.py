@@ -9,28 +9,24 @@ after the last committed shard; `dataset.json` records taps, capture points, cod
 import itertools
 import logging
 import sys
-from collections.abc import Iterator
 
 from draftsmith.core import storage
 from draftsmith.core.caching import stage_task
 from draftsmith.core.config import HiddenStatesConfig, TargetConfig
+from draftsmith.core.gpus import gpu_slots
 from draftsmith.core.manifest import FileEntry, StageManifest, entry
 from draftsmith.core.progress import stage_progress
 from draftsmith.core.stage import StageResult, load_manifest, run_stage, stage_key
 from draftsmith.engines import hidden_capture
 from draftsmith.engines.taps import TAP_CONVENTION
-from draftsmith.pools import gpu_slots
-from draftsmith.tasks.tokenization import read_token_shard
 from draftsmith.transport import offline_store
 from draftsmith.transport.offline_store import ShardWriter, StoreInfo
+from draftsmith.transport.online_source import codec_of
 from draftsmith.transport.sample import StoreCodec
+from draftsmith.transport.token_shards import token_samples
 
 log = logging.getLogger(__name__)
 STAGE = "hidden_states"
-
-
-def codec_of(cfg: HiddenStatesConfig) -> StoreCodec:
-    return StoreCodec(dtype=cfg.store_dtype, positions=cfg.positions, num_taps=len(cfg.taps))
 
 
 def window_tokens(cfg: HiddenStatesConfig) -> int:
@@ -53,12 +49,6 @@ def store_info(cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManif
         chat_template_sha256=tokens.info.get("chat_template_sha256", ""),
         extra={"tap_convention": TAP_CONVENTION, "target_source": target.source},
     )
-
-
-def token_samples(tokens: StageManifest) -> Iterator[dict]:
-    """Every tokenized sample, shard by shard, in a fixed order (resume relies on it)."""
-    for name in tokens.names("tokens-"):
-        yield from read_token_shard(storage.read_bytes(tokens.path(name)))
 
 
 def hidden_states_key(cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest) -> str:

@@ -17,7 +17,8 @@ from fractions import Fraction
 
 from datasketch import MinHash, MinHashLSH
 
-from draftsmith.tasks.prompt_pool import PromptRecord, dedupe_key
+from draftsmith.core.prompt_keys import dedupe_key
+from draftsmith.tasks.prompt_pool import PromptRecord
 
 _WORD = re.compile(r"\w+")
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-CATEGORIES: tuple[str, ...] = ("math", "coding", "reasoning", "writing", "multilingual", "dialogue")
+from draftsmith.core.config.select import SYNTHETIC_CATEGORIES
+from draftsmith.core.prompt_keys import dedupe_key
+
+CATEGORIES = SYNTHETIC_CATEGORIES  # one list, in the recipe models
 
 # Mirrors common chat datasets, where only a minority of conversations carry a system prompt.
 _SYSTEM_RATE = 0.2
@@ -399,15 +402,6 @@ _GENERATORS: dict[str, Callable[[random.Random], list[str]]] = {
 
 # --------------------------------------------------------------------------------------------------
 # Synthetic pool.
-
-
-def _normalize(text: str) -> str:
-    return " ".join(text.split()).casefold()
-
-
-def dedupe_key(system: str | None, turns: Iterable[str]) -> str:
-    # Separators that whitespace collapsing cannot produce keep ("a b", "c") distinct from ("a", "b c").
-    return "\x1e".join([_normalize(system or ""), *(_normalize(t) for t in turns)])
 
 
 def _resolve_mix(mix: dict[str, float] | None) -> dict[str, Fraction]:

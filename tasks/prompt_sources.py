@@ -11,20 +11,20 @@ import hashlib
 import json
 import os
 import random
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
 from pydantic import ValidationError
 
 from draftsmith.core import storage
 from draftsmith.core.config.select import PromptSource
+from draftsmith.core.prompt_keys import dedupe_key
 from draftsmith.core.rejects import Rejects
+from draftsmith.core.rows import BadRow, jsonl_rows, parquet_rows
 from draftsmith.tasks import prompt_pool
 from draftsmith.tasks.prompt_formats import RowError, normalize_row
-from draftsmith.tasks.prompt_pool import PromptRecord, dedupe_key
+from draftsmith.tasks.prompt_pool import PromptRecord
 
 
 def read_prompts_jsonl(path: str) -> list[PromptRecord]:
@@ -57,7 +57,7 @@ def read_prompts_jsonl(path: str) -> list[PromptRecord]:
 
 
 def _parse_row(row: Any, where: str, *, default_id: str) -> PromptRecord:
-    if isinstance(row, _Bad):
+    if isinstance(row, BadRow):
         raise ValueError(f"{where}: {row.detail}")
     if not isinstance(row, dict):
         raise ValueError(f"{where}: row must be a JSON object, got {type(row).__name__}")
@@ -213,15 +213,6 @@ def split_heldout(
 
 
 @dataclass
-class _Bad:
-    """A row that failed before normalisation (bytes or JSON)."""
-
-    reason: str
-    detail: str
-    raw: Any
-
-
-@dataclass
 class LoadedPrompts:
     """Records of all sources in source order, and how many rows each source yielded (rejects included)."""
 
@@ -295,7 +286,7 @@ _DETAIL_CHARS = 300  # a reason is one short line; the row itself is in the exce
 
 
 def _record(row: Any, src: PromptSource, line: int, where: str, rejects: Rejects) -> PromptRecord | None:
-    if isinstance(row, _Bad):
+    if isinstance(row, BadRow):
         rejects.add(source=where, line=line, reason=row.reason, detail=row.detail, raw=row.raw)
         return None
     try:
@@ -335,65 +326,6 @@ def _rows(src: PromptSource) -> Iterator[tuple[int, Any]]:
     if src.kind == "parquet":
         return parquet_rows(src.path)
     return hf_rows(src)
-
-
-def jsonl_rows(path: str) -> Iterator[tuple[int, Any]]:
-    """`(line, row)` per non-blank line; undecodable lines come as `_Bad` (`invalid_utf8`, `malformed_json`).
-
-    Lines are read as bytes and decoded one by one, so one bad byte costs one row, not the file.
-    Compression (.gz, .zst, ...) follows the file name.
-    """
-    with fsspec.open(path, "rb", compression="infer") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield line_no, _Bad("invalid_utf8", f"invalid UTF-8 at byte {exc.start}: {exc.reason}", repr(raw))
-                continue
-            yield line_no, _parse_json(text)
-
-
-# A `\uD800`-`\uDFFF` escape; json.loads turns an unpaired one into a lone surrogate, which no UTF-8 file or
-# tokenizer accepts: such a row would pass here and fail a whole later step (the token count, train.jsonl).
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _parse_json(text: str) -> Any:
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return _Bad("malformed_json", f"invalid JSON: {exc.msg} at column {exc.colno}", text)
-    except RecursionError:
-        return _Bad("malformed_json", "invalid JSON: nested too deeply", text)
-    except ValueError as exc:  # an integer of more digits than Python converts
-        return _Bad("malformed_json", f"invalid JSON: {str(exc).split(';')[0]}", text)
-    if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(row):
-        return _Bad("invalid_utf8", "a \\u escape encodes a lone UTF-16 surrogate, which is not text", text)
-    return row
-
-
-def _lone_surrogate(row: Any) -> bool:
-    try:
-        json.dumps(row, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    except (ValueError, RecursionError):
-        return False  # not a text problem; normalisation rejects the row for what it is
-    return False
-
-
-def parquet_rows(path: str) -> Iterator[tuple[int, Any]]:
-    """`(row number from 1, row dict)` of a Parquet file, read in record batches."""
-    import pyarrow.parquet as pq
-
-    with fsspec.open(path, "rb") as handle:
-        row_no = 0
-        for batch in pq.ParquetFile(handle).iter_batches(batch_size=4096):
-            for row in batch.to_pylist():
-                row_no += 1
-                yield row_no, row
 
 
 def hf_rows(src: PromptSource) -> Iterator[tuple[int, Any]]:

@@ -32,6 +32,7 @@ from draftsmith.core.target_setup import resolve_target
 from draftsmith.tasks import renderers, token_cache, token_encode, token_rows
 from draftsmith.tasks.renderers import assistant_spans
 from draftsmith.tasks.token_encode import Encoded, Options, _init_worker, _process_job, encode
+from draftsmith.transport.token_shards import read_token_shard
 
 __all__ = ["Encoded", "Options", "assistant_spans", "encode", "pack_shard", "read_token_shard", "tokenize"]
 
@@ -59,21 +60,6 @@ def _pack_arrays(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, row_ids
         "offsets": torch.from_numpy(offsets),
     }
     return tensorio.dumps(tensors, {"ids": json.dumps(row_ids), "categories": json.dumps(categories)})
-
-
-def read_token_shard(data: bytes) -> list[dict]:
-    """Inverse of `pack_shard`: a list of `{id, category, input_ids [S] int64, loss_mask [S] bool}`."""
-    tensors, meta = tensorio.loads(data)
-    ids, cats, off = json.loads(meta["ids"]), json.loads(meta["categories"]), tensors["offsets"].tolist()
-    return [
-        {
-            "id": ids[i],
-            "category": cats[i],
-            "input_ids": tensors["input_ids"][off[i] : off[i + 1]].long(),
-            "loss_mask": tensors["loss_mask"][off[i] : off[i + 1]].bool(),
-        }
-        for i in range(len(ids))
-    ]
 
 
 def _summarise(chunks: list[token_encode.Chunk]) -> tuple[bytes, dict[str, Any]]:

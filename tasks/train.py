@@ -31,11 +31,12 @@ from draftsmith.core.manifest import FileEntry, StageManifest
 from draftsmith.core.progress import MIN_INTERVAL_S, Progress, stage_progress
 from draftsmith.core.stage import StageResult, run_stage, stage_key
 from draftsmith.drafters import data, families
+from draftsmith.drafters.export import serve
 from draftsmith.drafters.training import checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker
 from draftsmith.engines import torchrun
 from draftsmith.tasks import hidden_stream
-from draftsmith.tasks.hidden_states import token_samples
 from draftsmith.transport import offline_reader, sample
+from draftsmith.transport.token_shards import token_samples
 
 STAGE = "train"
 CODE = [data, families, checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker, offline_reader, sample]
@@ -204,6 +205,7 @@ def train(
             hidden_uri=hidden.uri if hidden is not None else None,
             tokens=tokens.model_dump(mode="json"),
             max_steps=max_steps,
+            producer_module=hidden_stream.__name__,
         )
         spec_path = storage.local_path(storage.join(uri, "job", "spec.json")) if storage.is_local(uri) else None
         if spec_path is None:  # the ranks read the spec from this node's disk
@@ -245,5 +247,5 @@ def train_task(
     manifest = train(
         cfg, drafter_cfg, target, hidden_cfg, tokens, hidden, seed=seed, out_uri=storage.join(run_dir, STAGE)
     )
-    ui.publish_checkpoint(manifest, target_source=target.source, depth=getattr(drafter_cfg, "ttt_depth", None))
+    serve.publish_checkpoint(manifest, target_source=target.source, depth=getattr(drafter_cfg, "ttt_depth", None))
     return manifest

@@ -27,38 +27,12 @@ RoPE and value head widths, dqk query/key width (d, or dn + dr).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
+from draftsmith.drafters.eagle3.spec import Eagle3Spec, check_attention
 from draftsmith.drafters.layers import RopeScaling, apply_rope, rope_tables
 from draftsmith.drafters.mla import MLASpec, MLAttention
-
-if TYPE_CHECKING:
-    from draftsmith.drafters.eagle3.model import Eagle3Spec
-
-ATTENTIONS = ("gqa", "mla")
-MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-MLA_REQUIRED = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
-
-def check_attention(attention: str, mla: dict | None) -> None:
-    """Raise a ValueError naming the field when `attention`/`mla` of an Eagle3Spec do not fit together."""
-    if attention not in ATTENTIONS:
-        raise ValueError(f"Eagle3Spec.attention: {attention!r} is not one of {ATTENTIONS}")
-    if attention == "gqa":
-        if mla is not None:
-            raise ValueError("Eagle3Spec.mla: given but attention is 'gqa'")
-        return
-    if mla is None:
-        raise ValueError("Eagle3Spec.mla: required when attention is 'mla'")
-    unknown = sorted(set(mla) - set(MLA_KEYS))
-    missing = [k for k in MLA_REQUIRED if k not in mla]
-    if unknown or missing:
-        raise ValueError(f"Eagle3Spec.mla: unknown keys {unknown}, missing keys {missing} (allowed: {MLA_KEYS})")
-    if mla["qk_rope_head_dim"] % 2:
-        raise ValueError(f"Eagle3Spec.mla.qk_rope_head_dim: {mla['qk_rope_head_dim']} must be even")
 
 
 class GQAttention(nn.Module):

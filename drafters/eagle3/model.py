@@ -11,44 +11,13 @@ Shape legend: B batch, S sequence, H drafter width, Ht target width, N taps, h h
 d head width (dqk for q/k, dv for v), V target vocabulary, Vd draft vocabulary, K keys.
 """
 
-from dataclasses import asdict, dataclass
-
 import torch
 from torch import nn
 
-from draftsmith.drafters.eagle3.attention import check_attention, make_attention
+from draftsmith.drafters.eagle3.attention import make_attention
 from draftsmith.drafters.eagle3.chain_attention import chain_attention
+from draftsmith.drafters.eagle3.spec import Eagle3Spec
 from draftsmith.drafters.layers import OutputHead, RMSNorm, SwiGLU, multi_rms_norm
-
-
-@dataclass(frozen=True)
-class Eagle3Spec:
-    """Everything that fixes the drafter's shapes."""
-
-    hidden_size: int
-    target_hidden_size: int
-    num_taps: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    draft_vocab_size: int
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    fc_norm: bool = False
-    norm_output: bool = False
-    rope_scaling: dict | None = None  # the target's YaRN parameters (`draftsmith.drafters.layers.RopeScaling`), if any
-    attention: str = "gqa"  # "gqa" | "mla"; with "mla", num_kv_heads and head_dim are unused
-    mla: dict | None = (
-        None  # `draftsmith.drafters.mla.MLASpec` shapes: kv_lora_rank, q_lora_rank, qk_nope/qk_rope/v_head_dim
-    )
-
-    def __post_init__(self) -> None:
-        check_attention(self.attention, self.mla)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class Eagle3Layer(nn.Module):

@@ -31,6 +31,8 @@ from draftsmith.drafters.training.metrics import MetricsSink, summary_markdown
 from draftsmith.drafters.training.plan import MicroBatch, plan_epoch, plan_training
 from draftsmith.transport.mooncake_stream import StreamError
 from draftsmith.transport.offline_reader import OfflineDataset, PrefetchLoader
+from draftsmith.transport.online_source import OnlineSource
+from draftsmith.transport.token_shards import token_samples
 
 log = logging.getLogger("draftsmith.drafters.training")
 # Fault injection for the resume test: rank 0 SIGKILLs torchrun and every rank right after this step.
@@ -87,9 +89,6 @@ def online_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
     Each window of arrivals is planned like an offline epoch, so a one-epoch window in store order trains
     exactly as the offline store does.
     """
-    from draftsmith.tasks.hidden_states import token_samples
-    from draftsmith.tasks.hidden_stream import OnlineSource
-
     hidden_cfg = HiddenStatesConfig.model_validate(job.hidden_cfg)
     target = TargetConfig.model_validate(job.target)
     tokens = StageManifest.model_validate(job.tokens)
@@ -107,7 +106,10 @@ def online_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
 
     def iterate(start: int) -> Iterator[Step]:
         # A resumed online run replays the stream and skips the steps the checkpoint already holds.
-        with OnlineSource(hidden_cfg, target, tokens, epochs=cfg.epochs, run_id=job.key[:12]) as online:
+        source = OnlineSource(
+            hidden_cfg, target, tokens, epochs=cfg.epochs, run_id=job.key[:12], producer_module=job.producer_module
+        )
+        with source as online:
             steps = data.stream_steps(online.samples(), window, window_plan)
             for i, (k, mbs, groups) in enumerate(steps):
                 if i >= start:

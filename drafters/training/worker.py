@@ -50,6 +50,7 @@ class TrainJob:
     hidden_uri: str | None = None  # the offline store; None: online through Mooncake
     tokens: dict | None = None  # the tokenize manifest (online producers need it)
     max_steps: int | None = None  # stop early (benchmarks); the schedule still spans the whole run
+    producer_module: str | None = None  # what an online run's local producers run (`python -m MODULE`)
 
     def write(self, path: str) -> None:
         with open(path, "w") as f:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.core.config.loader import load_recipe
+from draftsmith.core.prompt_keys import dedupe_key
 from draftsmith.core.rejects import Rejects
 from draftsmith.evals import suites
 from draftsmith.evals.loaders import (
@@ -18,7 +19,7 @@ from draftsmith.evals.loaders import (
 )
 from draftsmith.evals.records import BenchPrompt
 from draftsmith.tasks import prompt_pool
-from draftsmith.tasks.prompt_pool import CATEGORIES, dedupe_key, synthetic_pool
+from draftsmith.tasks.prompt_pool import CATEGORIES, synthetic_pool
 from draftsmith.tasks.prompt_sources import load_sources
 
 pytestmark = pytest.mark.unit

@@ -10,6 +10,7 @@ import pytest
 from draftsmith.core import ui
 from draftsmith.core.manifest import FileEntry, StageManifest
 from draftsmith.core.progress import Progress, stage_progress
+from draftsmith.drafters.export import serve
 
 pytestmark = pytest.mark.unit
 
@@ -192,7 +193,7 @@ def test_summary_says_when_a_stage_was_reused():
 def test_publishers_are_no_ops_outside_a_run():
     now = datetime.now(UTC)
     assert ui.publish_summary(_manifest(now), started_at=now) is None
-    assert ui.publish_checkpoint(_manifest(now), target_source="org/model", depth=3) == []
+    assert serve.publish_checkpoint(_manifest(now), target_source="org/model", depth=3) == []
 
 
 def test_human_bytes():
@@ -210,14 +211,14 @@ def test_serve_snippet_is_the_export_and_vllm_commands(tmp_path):
     train.mkdir(parents=True)
     (train / "config.json").write_text(json.dumps({"block_size": 8}))
     manifest = StageManifest(stage="train", key="k" * 64, uri=str(train), info={"drafter": "dflash2"})
-    md = ui.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="gpu")
+    md = serve.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="gpu")
     export = tmp_path.resolve() / "kimi-k3-dflash2" / "export" / "vllm"
     assert f"draftsmith export {tmp_path / 'kimi-k3-dflash2'} --engine vllm --platform gpu" in md
     spec = json.dumps({"method": "dflash", "model": str(export), "num_speculative_tokens": 7})
     assert f"vllm serve moonshotai/Kimi-K3 --host 127.0.0.1 --speculative-config '{spec}'" in md, md
-    cpu = ui.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="cpu")
+    cpu = serve.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="cpu")
     assert "-m vllm.entrypoints.openai.api_server --model moonshotai/Kimi-K3 --dtype float32" in cpu, cpu
     assert "vllm serve" not in cpu and "--platform cpu" in cpu
     (train / "config.json").write_text("{}")
     with pytest.raises(KeyError, match="block_size"):
-        ui.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None)
+        serve.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None)

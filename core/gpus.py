@@ -1,0 +1,34 @@
+"""GPU slots: a stage on a GPU pool holds one slot of the pool's global concurrency limit per GPU it uses.
+
+The limits are named `gpu:<pool>`; `draftsmith deploy` creates them (`draftsmith.pools.gpu_limit_commands`).
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from draftsmith.core.config import Resources
+
+# Global concurrency limits for GPUs are named `<GPU_CONCURRENCY_LIMIT>:<pool>`; one slot = one GPU.
+GPU_CONCURRENCY_LIMIT = "gpu"
+
+
+def gpu_limit_name(pool: str) -> str:
+    """Name of the global concurrency limit that counts the GPUs of `pool`."""
+    return f"{GPU_CONCURRENCY_LIMIT}:{pool}"
+
+
+@contextmanager
+def gpu_slots(resources: Resources) -> Iterator[None]:
+    """Hold `gpus * nodes` slots of the pool's `gpu:<pool>` limit while the block runs (none on CPU pools).
+
+    Strict: on a GPU pool whose limit was never created, this fails with Prefect's error instead of
+    silently oversubscribing the GPUs.
+    """
+    need = resources.gpus * resources.nodes
+    if need == 0:
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    with concurrency(gpu_limit_name(resources.work_pool), occupy=need, strict=True):
+        yield
