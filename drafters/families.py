@@ -1,21 +1,28 @@
-"""The drafter registry: what the train and evaluate stages need from each drafter family.
+"""The drafter registry: what the train, evaluate and export stages need from each drafter family.
 
-A family is one adapter module, `drafters/<family>/family.py` (its functions are listed at `FAMILIES`).
-Stages look the family up by `drafter.kind` and never branch on it. Imports are lazy so that choosing one
-family never imports (or breaks on) another.
+A family is an object (usually its adapter module, `drafters/<family>/family.py`) that satisfies `Family`.
+Stages, exports and evaluation look it up by `drafter.kind` and never branch on it. The built-in families
+are listed by module name, so that choosing one never imports (or breaks on) another; a plugin
+(`draftsmith.core.plugins`) adds its own with `register_family`, beside its config class
+(`draftsmith.core.config.drafter.register_drafter`).
 
 Shape legend: V target vocabulary, Ht target width, S sequence.
 """
 
 import importlib
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from draftsmith.core import plugins
 from draftsmith.core.config import TargetConfig
+from draftsmith.core.config.drafter import DrafterConfigBase
 from draftsmith.drafters.layers import RopeScaling
 
 
@@ -29,27 +36,78 @@ class BuildInputs:
     counts_V: torch.Tensor  # how often each target id is a loss token: the draft vocabulary's ranking
 
 
-# kind -> its adapter module, which defines:
-#   build(cfg, inputs) -> model                      a fresh drafter for the target
-#   objective(cfg, model, head_VH, generator) -> Objective  its training objective; the trainer reseeds
-#       `generator` before each micro-batch from that micro-batch's samples, so any rank draws alike
-#   checkpoint_blobs(model, taps, metadata) -> {file: bytes}   the serving checkpoint
-#   load(folder, target_model) -> (model, taps)      that checkpoint back, in fp32
-#   generate(target, model, taps, prompt_S, *, g, max_new, eos, sampling, rule, generator, truncate) -> Decoded
-#   proposer(model, g) -> Proposer                  one row's drafting state, for batched decoding
-#   code_modules() -> [modules]                     whose source keys the train/evaluate caches
-FAMILIES = {
+@runtime_checkable
+class Family(Protocol):
+    """A drafter family, as the stages use it.
+
+    `export` is its export module (`draftsmith.drafters.export.methods.ExportMethod`): the serving method, the
+    engines' conventions and the files of an exported folder.
+    """
+
+    export: Any
+
+    def build(self, cfg: DrafterConfigBase, inputs: BuildInputs) -> nn.Module:
+        """A fresh drafter for the target."""
+
+    def objective(self, cfg: DrafterConfigBase, model: nn.Module, head_VH: torch.Tensor, generator: torch.Generator):
+        """Its training objective; the trainer reseeds `generator` before each micro-batch from that
+        micro-batch's samples, so any rank draws alike."""
+
+    def checkpoint_blobs(self, model: nn.Module, taps: list[int], metadata: dict) -> dict[str, bytes]:
+        """The serving checkpoint: file name -> bytes."""
+
+    def load(self, folder: str, target_model: PreTrainedModel) -> tuple[nn.Module, list[int]]:
+        """That checkpoint back, in fp32, with its taps."""
+
+    def generate(self, target, model, taps, prompt_S, *, g, max_new, eos, sampling, rule, generator, truncate):
+        """Speculative decoding of one prompt (`draftsmith.drafters.speculative.Decoded`)."""
+
+    def proposer(self, model: nn.Module, g: int) -> Any:
+        """One row's drafting state, for batched decoding (`draftsmith.drafters.speculative_batch`)."""
+
+    def code_modules(self) -> list[ModuleType]:
+        """Modules whose source keys the train and evaluate caches."""
+
+
+_BUILTIN = {
     "eagle3": "draftsmith.drafters.eagle3.family",
     "dflash2": "draftsmith.drafters.dflash.family",
     "dspark": "draftsmith.drafters.dspark.family",
 }
+_REGISTERED: dict[str, Family | Callable[[], Family]] = {}
 
 
-def family(kind: str) -> Any:
-    """The adapter module of drafter family `kind`."""
-    if kind not in FAMILIES:
-        raise ValueError(f"drafter.kind: unknown drafter family {kind!r} (known: {', '.join(FAMILIES)})")
-    return importlib.import_module(FAMILIES[kind])
+def register_family(kind: str, family: Family | Callable[[], Family]) -> None:
+    """Add drafter family `kind` (an object satisfying `Family`, or a function returning one on first use)."""
+    if kind in _BUILTIN or _REGISTERED.get(kind, family) is not family:
+        raise ValueError(f"drafter.kind: family {kind!r} is registered already")
+    _REGISTERED[kind] = family
+
+
+def kinds() -> tuple[str, ...]:
+    """Every family: the built-in ones first, then the plugins'."""
+    plugins.load()
+    return (*_BUILTIN, *_REGISTERED)
+
+
+def family(kind: str) -> Family:
+    """The family of drafter kind `kind`."""
+    if kind in _BUILTIN:
+        return cast(Family, importlib.import_module(_BUILTIN[kind]))
+    if kind not in kinds():
+        raise ValueError(f"drafter.kind: unknown drafter family {kind!r} (known: {', '.join(kinds())})")
+    found = _REGISTERED[kind]
+    if not isinstance(found, Family):
+        found = _REGISTERED[kind] = found()
+    return found
+
+
+def code_of(kind: str) -> list[ModuleType]:
+    """The modules whose source keys a stage that runs family `kind`: the module defining it and its
+    `code_modules()`."""
+    found = family(kind)
+    own = found if isinstance(found, ModuleType) else sys.modules[type(found).__module__]
+    return [own, *found.code_modules()]
 
 
 # Shared by every family's build: the drafter must rotate and normalise exactly as its target does.

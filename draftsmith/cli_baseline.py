@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from draftsmith.core.config import NightlyConfig
+from draftsmith.core.config.drafter import drafter_kinds
 
 
 def _config(args: argparse.Namespace) -> NightlyConfig:
@@ -92,9 +93,7 @@ def add_parsers(sub) -> None:
     u.add_argument("--run-name", help="run folder under --run-root (reuses its finished stages)")
     u.add_argument("--from", dest="source", help="read finished runs from this folder instead of running")
     u.add_argument("--baseline-dir", help="where to write the baselines (default: deployments/baselines)")
-    u.add_argument(
-        "--drafter", action="append", choices=["eagle3", "dflash2", "dspark"], help="only this drafter (repeatable)"
-    )
+    u.add_argument("--drafter", action="append", choices=drafter_kinds(), help="only this drafter (repeatable)")
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:

@@ -87,8 +87,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     target_dir = str(resolve_target(cfg.target.source))
     out = Path(args.out or Path(args.draft) / "sweep")
     out.mkdir(parents=True, exist_ok=True)
-    # A chain's depth is a serving choice vLLM needs spelled out; the recipe's evaluation depth is the default.
-    chain = cfg.evaluate.num_draft_tokens if cfg.drafter.kind == "eagle3" else None
+    chain = cfg.drafter.serving_tokens(cfg.evaluate.num_draft_tokens)
     runs = []
     for draft in (args.draft, None):
         run = sweep_server(target_dir, draft, sweep_cfg, num_speculative_tokens=args.num_speculative_tokens or chain)

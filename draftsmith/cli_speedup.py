@@ -75,7 +75,7 @@ def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompt
     platform = engines.detect_platform()
     exported = export_run(str(run_dir), "vllm", platform=platform)
     out = run_dir / "speedup"
-    chain = cfg.evaluate.num_draft_tokens if cfg.drafter.kind == "eagle3" else None
+    chain = cfg.drafter.serving_tokens(cfg.evaluate.num_draft_tokens)
     result = measure_speedup(
         str(resolve_target(cfg.target.source)),
         str(exported.folder),

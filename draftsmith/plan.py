@@ -154,20 +154,7 @@ def render_plan(cfg: PipelineConfig, run_dir: str) -> str:
 
 def _drafter(d) -> str:
     """One line on the drafter: family, layers and attention, what it trains on."""
-    vocab = f"draft vocab {d.draft_vocab_size}" if d.draft_vocab_size else "target lm_head (frozen)"
-    attn = f"{d.attention} attention" + (" + fc_norm" if d.fc_norm else "")
-    if d.kind == "eagle3":
-        how = f"anchored TTT ({d.anchored.num_anchors} anchors)" if d.anchored else "dense TTT"
-        return f"eagle3 (1 layer, {attn}, {how} depth {d.ttt_depth}, {vocab})"
-    types = d.layer_types or ["full_attention"] * d.num_layers
-    sliding = sum(t == "sliding_attention" for t in types)
-    layers = f"{d.num_layers} layers" + (f" ({sliding} sliding-window {d.sliding_window})" if sliding else "")
-    extra = (
-        f"conv {d.conv_kernel_size}, selector rank {d.selector_rank} top-{d.selector_top_k}"
-        if d.kind == "dflash2"
-        else f"Markov rank {d.markov_rank}, confidence head {'on' if d.confidence_head else 'off'}"
-    )
-    return f"{d.kind} ({layers}, {attn}, block {d.block_size}, {d.num_anchors} anchors/seq, {extra}, {vocab})"
+    return d.describe()
 
 
 def _trainer(t) -> str:

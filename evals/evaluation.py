@@ -12,7 +12,7 @@ import functools
 import torch
 
 from draftsmith.core.progress import Progress
-from draftsmith.drafters.dspark import calibration as cal
+from draftsmith.drafters import confidence as cal
 from draftsmith.drafters.verify import Sampling
 from draftsmith.evals import harness, suites
 from draftsmith.evals.records import BenchPrompt

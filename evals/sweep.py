@@ -138,24 +138,21 @@ def _drive(cmd: list[str], env: dict[str, str], bench_log: Path, cfg: SweepConfi
 
 def speculative_args(draft_dir: str, method: str | None, num_tokens: int | None) -> list[str]:
     """The `--speculative-config` that `draftsmith export` prints, for an exported draft folder."""
-    from draftsmith.drafters.export import bundle, engines
+    from draftsmith.drafters.export import bundle, engines, methods
 
     config_path = Path(draft_dir) / bundle.CONFIG
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"draft_dir: cannot read {config_path}: {err}") from err
+    method = method or methods.of_config(config)
     if method is None:
-        # DFlash/DSpark exports record their method; EAGLE-3 exports are known by their architecture.
-        method = (config.get("draftsmith") or {}).get("method")
-        if method is None and any("Eagle3" in a for a in config.get("architectures", [])):
-            method = "eagle3"
-        if method is None:
-            raise ValueError(f"{config_path}: cannot tell the drafter method; pass method=")
+        raise ValueError(f"{config_path}: cannot tell the drafter method; pass method=")
     if num_tokens is None:
-        if method == "eagle3":
-            raise ValueError(f"{config_path}: EAGLE-3 folders do not record their depth; pass num_speculative_tokens=")
-        num_tokens = bundle.method_module(method).num_speculative_tokens(config)
+        try:
+            num_tokens = bundle.method_module(method).num_speculative_tokens(config, None)
+        except ValueError as err:  # a chain's folder does not record the depth it is served at
+            raise ValueError(f"{config_path}: {err}; pass num_speculative_tokens=") from None
     return engines.engine_args(method, "vllm", str(Path(draft_dir).resolve()), num_tokens)
 
 

@@ -20,8 +20,8 @@ from draftsmith.core.config import DrafterConfig, EvaluateConfig, TargetConfig
 from draftsmith.core.manifest import StageManifest, file_entry
 from draftsmith.core.progress import Progress, stage_progress
 from draftsmith.core.stage import StageResult, run_stage, stage_key, verify_stage
+from draftsmith.drafters import confidence as cal
 from draftsmith.drafters import families
-from draftsmith.drafters.dspark import calibration as cal
 from draftsmith.engines import hf
 from draftsmith.evals import evaluation, loaders, plots, report, suites
 from draftsmith.evals.records import BenchPrompt
@@ -129,7 +129,7 @@ def evaluate_checkpoint(
     )
     eos = set(hf.end_of_turn_ids(tok, model))
     with torch.inference_mode():
-        calibration = cfg.calibration_prompts if drafter_cfg.kind == "dspark" else 0
+        calibration = drafter_cfg.calibration_prompts(cfg.calibration_prompts)
         out, rows, fitted = evaluation.evaluate_drafter(
             model, tok, family, drafter, taps, kind=drafter_cfg.kind, benches=benches_for(cfg, prompts, seed),
             settings=settings, eos=eos, calibration_prompts=calibration, threshold=cfg.confidence_threshold,
@@ -156,8 +156,7 @@ def evaluate_key(
 ) -> str:
     """The stage key (`draftsmith.core.stage.stage_key`): sections, prompts, checkpoint and seed; the code is
     this module's and the drafter family's."""
-    family = families.family(drafter_cfg.kind)
-    code = [sys.modules[__name__], family, *family.code_modules()]
+    code = [sys.modules[__name__], *families.code_of(drafter_cfg.kind)]
     inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "prompts": prompts, "checkpoint": checkpoint}
     return stage_key(STAGE, code, **inputs, seed=seed)
 

@@ -161,8 +161,7 @@ def train_key(
 ) -> str:
     """The stage key (`draftsmith.core.stage.stage_key`): the sections, the token shards, the store, seed and
     `max_steps`; the code is this module, the trainer's and the drafter family's."""
-    family = families.family(drafter_cfg.kind)
-    code = [sys.modules[__name__], *CODE, hidden_stream, family, *family.code_modules()]
+    code = [sys.modules[__name__], *CODE, hidden_stream, *families.code_of(drafter_cfg.kind)]
     inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "hidden_cfg": hidden_cfg, "tokens": tokens}
     return stage_key(STAGE, code, **inputs, hidden=hidden, seed=seed, max_steps=max_steps)
 
@@ -247,5 +246,5 @@ def train_task(
     manifest = train(
         cfg, drafter_cfg, target, hidden_cfg, tokens, hidden, seed=seed, out_uri=storage.join(run_dir, STAGE)
     )
-    serve.publish_checkpoint(manifest, target_source=target.source, depth=getattr(drafter_cfg, "ttt_depth", None))
+    serve.publish_checkpoint(manifest, target_source=target.source, depth=drafter_cfg.trained_depth)
     return manifest

@@ -1,16 +1,27 @@
 """The `drafter:` section: one model per drafter family, told apart by `kind`.
 
+Every family's config extends `DrafterConfigBase` with `kind: Literal["<kind>"]` and registers itself
+(`register_drafter`); the recipe's `drafter:` union, its YAML locations, the CLI's choices and the nightly
+kinds all come from that one registry, so a family from a plugin (`draftsmith.core.plugins`) is a recipe
+like any other. What the stages ask of a drafter beyond its shapes they ask through the methods below, never
+by its kind.
+
 `eagle3` is a chain drafter trained with training-time test (optionally anchored, optionally MLA attention);
 `dflash2` and `dspark` are block drafters that draft a whole block in one forward. Every family's width is
 the target's (`target.hidden_size`): drafters share the target's embedding, and the block drafters its lm_head.
 Cross-section checks (taps, vocabulary, widths) live in `draftsmith.core.config.pipeline`.
 """
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, Union
 
-from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from draftsmith.core import plugins
 from draftsmith.core.config.base import StrictModel
+
+if TYPE_CHECKING:
+    from draftsmith.core.config.stages import TargetConfig
 
 LayerType = Literal["full_attention", "sliding_attention"]
 
@@ -39,7 +50,42 @@ class AnchorConfig(StrictModel):
     max_gap: int = Field(0, ge=0, description="At most this many candidates between consecutive anchors.")
 
 
-class _AttentionFields(StrictModel):
+class DrafterConfigBase(StrictModel):
+    """The `drafter:` section of every family: its kind, and what the stages ask of it."""
+
+    kind: str = Field(description="Drafter family.")
+    draft_vocab_size: int | None = Field(None, gt=0, description="Draft vocabulary size; null: the target's.")
+
+    def drafts_per_round(self, num_draft_tokens: int) -> int:
+        """Tokens drafted per verification round when evaluating with `evaluate.num_draft_tokens`."""
+        raise NotImplementedError(f"drafter {self.kind!r}: drafts_per_round")
+
+    @property
+    def trained_depth(self) -> int | None:
+        """A chain drafter's trained depth (what a serving engine drafts by default); None for others."""
+        return None
+
+    def serving_tokens(self, num_draft_tokens: int) -> int | None:
+        """Draft tokens per step a serving engine must be told for this drafter; None: its export says."""
+        return None
+
+    def calibration_prompts(self, requested: int) -> int:
+        """Prompts of the confidence calibration pass the evaluation runs (`evaluate.calibration_prompts`)."""
+        return 0
+
+    def check_target(self, target: "TargetConfig") -> None:
+        """Raise a ValueError naming the field when this drafter does not fit `target`."""
+        if self.draft_vocab_size is not None and self.draft_vocab_size > target.vocab_size:
+            raise ValueError(
+                f"drafter.draft_vocab_size: {self.draft_vocab_size} exceeds target.vocab_size ({target.vocab_size})"
+            )
+
+    def describe(self) -> str:
+        """One line on the drafter for `draftsmith plan`."""
+        return self.kind
+
+
+class _AttentionFields(DrafterConfigBase):
     num_heads: int = Field(gt=0, description="Attention heads per draft layer.")
     num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA); ignored by MLA layers.")
     head_dim: int = Field(gt=0, description="Per-head width of GQA layers.")
@@ -87,6 +133,18 @@ class Eagle3Config(_AttentionFields):
         """A chain drafts as many tokens per round as the evaluation asks (`evaluate.num_draft_tokens`)."""
         return num_draft_tokens
 
+    @property
+    def trained_depth(self) -> int | None:
+        return self.ttt_depth
+
+    def serving_tokens(self, num_draft_tokens: int) -> int | None:
+        # A chain's depth is a serving choice the engine needs spelled out; the evaluation's is the default.
+        return num_draft_tokens
+
+    def describe(self) -> str:
+        how = f"anchored TTT ({self.anchored.num_anchors} anchors)" if self.anchored else "dense TTT"
+        return f"eagle3 (1 layer, {_attention(self)}, {how} depth {self.ttt_depth}, {_vocab(self)})"
+
 
 class _BlockFields(_AttentionFields):
     num_layers: int = Field(5, gt=0, description="Draft decoder layers.")
@@ -98,6 +156,25 @@ class _BlockFields(_AttentionFields):
     draft_vocab_size: int | None = Field(
         None, gt=0, description="Own pruned lm_head of this size (with d2t/t2d); null: the target's frozen lm_head."
     )
+
+    def check_target(self, target: "TargetConfig") -> None:
+        super().check_target(target)
+        if self.mask_token_id >= target.vocab_size:
+            raise ValueError(
+                f"drafter.mask_token_id: {self.mask_token_id} is outside target.vocab_size ({target.vocab_size})"
+            )
+
+    def describe(self) -> str:
+        types = self.layer_types or ["full_attention"] * self.num_layers
+        sliding = sum(t == "sliding_attention" for t in types)
+        layers = f"{self.num_layers} layers" + (f" ({sliding} sliding-window {self.sliding_window})" if sliding else "")
+        return (
+            f"{self.kind} ({layers}, {_attention(self)}, block {self.block_size}, {self.num_anchors} anchors/seq, "
+            f"{self._heads()}, {_vocab(self)})"
+        )
+
+    def _heads(self) -> str:
+        return ""
 
     @model_validator(mode="after")
     def _layers(self):
@@ -123,6 +200,24 @@ class DFlash2Config(_BlockFields):
     def drafts_per_round(self, num_draft_tokens: int) -> int:
         """The mask slots: the anchor slot holds the verified token and predicts nothing."""
         return self.block_size - 1
+
+    def check_target(self, target: "TargetConfig") -> None:
+        super().check_target(target)
+        if self.conv_kernel_size and target.hidden_size % self.conv_group_size:
+            raise ValueError(
+                f"drafter.conv_group_size: {self.conv_group_size} must divide target.hidden_size ({target.hidden_size})"
+            )
+        if self.selector_rank and self.draft_vocab_size is not None:
+            # vLLM's DFlash2 walk indexes the selector codebooks with lm_head ids and emits them as target ids.
+            raise ValueError(
+                "drafter.draft_vocab_size: the DFlash2 candidate selector needs the full vocabulary "
+                "(set draft_vocab_size: null, or selector_rank: 0)"
+            )
+        if self.selector_rank and self.selector_top_k > (self.draft_vocab_size or target.vocab_size):
+            raise ValueError("drafter.selector_top_k: more candidates than the drafter's vocabulary")
+
+    def _heads(self) -> str:
+        return f"conv {self.conv_kernel_size}, selector rank {self.selector_rank} top-{self.selector_top_k}"
 
 
 class DSparkConfig(_BlockFields):
@@ -161,10 +256,67 @@ class DSparkConfig(_BlockFields):
         """Every slot predicts, the anchor's included."""
         return self.block_size
 
+    def calibration_prompts(self, requested: int) -> int:
+        return requested  # the confidence head is calibrated on prompts of its own
 
-DrafterConfig = Annotated[Eagle3Config | DFlash2Config | DSparkConfig, Field(discriminator="kind")]
+    def _heads(self) -> str:
+        return f"Markov rank {self.markov_rank}, confidence head {'on' if self.confidence_head else 'off'}"
 
 
-def parse_drafter(data: dict) -> Eagle3Config | DFlash2Config | DSparkConfig:
+def _attention(d: _AttentionFields) -> str:
+    return f"{d.attention} attention" + (" + fc_norm" if d.fc_norm else "")
+
+
+def _vocab(d: DrafterConfigBase) -> str:
+    return f"draft vocab {d.draft_vocab_size}" if d.draft_vocab_size else "target lm_head (frozen)"
+
+
+# --- the registry ---------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[DrafterConfigBase]] = {}
+_on_register: list[Callable[[], None]] = []
+
+
+def register_drafter(cls: type[DrafterConfigBase]) -> type[DrafterConfigBase]:
+    """Add a family's config class (its `kind` default names it); models holding a `drafter:` rebuild."""
+    kind = cls.model_fields["kind"].default
+    if not isinstance(kind, str) or not kind or not issubclass(cls, DrafterConfigBase):
+        raise TypeError(f"{cls.__name__}: a drafter config extends DrafterConfigBase with a default `kind`")
+    if _REGISTRY.get(kind, cls) is not cls:
+        raise ValueError(f"drafter.kind: {kind!r} is registered already ({_REGISTRY[kind].__name__})")
+    _REGISTRY[kind] = cls
+    for rebuild in _on_register:
+        rebuild()
+    return cls
+
+
+def on_register(rebuild: Callable[[], None]) -> None:
+    """Call `rebuild` after each registration (a model whose field is `drafter_union()`)."""
+    _on_register.append(rebuild)
+
+
+def drafter_kinds() -> tuple[str, ...]:
+    """Every registered kind: the built-in families first, then the plugins'."""
+    plugins.load()
+    return tuple(_REGISTRY)
+
+
+def drafter_union() -> type:
+    """The union of every registered config class, told apart by `kind`."""
+    return Union[tuple(_REGISTRY.values())]  # noqa: UP007 - built from a runtime tuple
+
+
+def parse_drafter(data: dict) -> DrafterConfigBase:
     """A `drafter:` section (for example from a job spec) as its family's config."""
-    return TypeAdapter(DrafterConfig).validate_python(data)
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in drafter_kinds():
+        raise ValueError(f"drafter.kind: unknown drafter family {kind!r} (known: {', '.join(drafter_kinds())})")
+    return _REGISTRY[kind].model_validate(data)
+
+
+for _cls in (Eagle3Config, DFlash2Config, DSparkConfig):
+    register_drafter(_cls)
+BUILTIN_KINDS = tuple(_REGISTRY)  # the project's own families, before any plugin's
+
+# The annotation for code that takes any family's config.
+DrafterConfig = DrafterConfigBase

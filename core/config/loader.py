@@ -9,6 +9,7 @@ import fsspec
 import yaml
 from pydantic import ValidationError
 
+from draftsmith.core.config.drafter import drafter_kinds
 from draftsmith.core.config.pipeline import PipelineConfig
 
 
@@ -16,8 +17,9 @@ class RecipeError(ValueError):
     """A recipe is invalid. `str(err)` is one line per problem: `file: dotted.path: message`."""
 
 
-# A tagged union puts its tag in the location (`drafter.dspark.block_size`); the recipe has no such key.
-_UNION_TAGS = {("drafter", "eagle3"), ("drafter", "dflash2"), ("drafter", "dspark")}
+def _union_tag(parent: Any, part: Any) -> bool:
+    """A tagged union puts its tag in the location (`drafter.dspark.block_size`); the recipe has no such key."""
+    return parent == "drafter" and part in drafter_kinds()
 
 
 # A key of these characters reads as itself in a dotted path; any other key is quoted, so that a key holding a
@@ -34,7 +36,7 @@ def _key(part: Any) -> str:
 def _dotted(loc: tuple[Any, ...]) -> str:
     out = ""
     for i, part in enumerate(loc):
-        if not (i and (loc[i - 1], part) in _UNION_TAGS):
+        if not (i and _union_tag(loc[i - 1], part)):
             out = _join(out, part)
     return out
 

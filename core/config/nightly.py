@@ -5,13 +5,12 @@ The defaults are the committed nightly settings: the `nightly-<drafter>` recipes
 """
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 
 from draftsmith.core.config.base import StrictModel
+from draftsmith.core.config.drafter import BUILTIN_KINDS, drafter_kinds
 
-DrafterKind = Literal["eagle3", "dflash2", "dspark"]
 DEPLOYMENTS = Path(__file__).resolve().parents[2] / "deployments"
 
 
@@ -57,8 +56,8 @@ class Bands(StrictModel):
 class NightlyConfig(StrictModel):
     """The `nightly-regression` flow's parameter: run each drafter's nightly recipe, compare with baselines."""
 
-    drafters: list[DrafterKind] = Field(
-        default_factory=lambda: ["eagle3", "dflash2", "dspark"],
+    drafters: list[str] = Field(
+        default_factory=lambda: list(BUILTIN_KINDS),
         min_length=1,
         description="Drafters to run; each uses `<recipe_dir>/nightly-<drafter>.yaml`.",
     )
@@ -96,6 +95,10 @@ class NightlyConfig(StrictModel):
     def _unique(cls, drafters: list[str]) -> list[str]:
         if len(set(drafters)) != len(drafters):
             raise ValueError(f"nightly.drafters: each drafter once, got {drafters}")
+        if unknown := [d for d in drafters if d not in drafter_kinds()]:
+            raise ValueError(
+                f"nightly.drafters: unknown drafter families {unknown} (known: {', '.join(drafter_kinds())})"
+            )
         return drafters
 
     @field_validator("run_name")

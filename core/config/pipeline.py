@@ -5,7 +5,7 @@ import re
 from pydantic import Field, model_validator
 
 from draftsmith.core.config.base import StrictModel
-from draftsmith.core.config.drafter import DrafterConfig
+from draftsmith.core.config.drafter import drafter_union, on_register
 from draftsmith.core.config.hidden_states import HiddenStatesConfig
 from draftsmith.core.config.regenerate import RegenerateConfig
 from draftsmith.core.config.select import SelectConfig
@@ -31,7 +31,7 @@ class PipelineConfig(StrictModel):
     regenerate: RegenerateConfig = Field(default_factory=RegenerateConfig, description="Regeneration.")
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Tokenization.")
     hidden_states: HiddenStatesConfig = Field(description="Hidden-state capture.")
-    drafter: DrafterConfig = Field(description="The drafter architecture.")
+    drafter: drafter_union() = Field(discriminator="kind", description="The drafter architecture.")  # type: ignore[valid-type]
     train: TrainConfig = Field(default_factory=TrainConfig, description="Drafter training.")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="Evaluation.")
 
@@ -74,26 +74,13 @@ class PipelineConfig(StrictModel):
         return self
 
     def _drafter_checks(self) -> None:
-        d, target = self.drafter, self.target
-        if d.draft_vocab_size is not None and d.draft_vocab_size > target.vocab_size:
-            raise ValueError(
-                f"drafter.draft_vocab_size: {d.draft_vocab_size} exceeds target.vocab_size ({target.vocab_size})"
-            )
-        if d.kind == "eagle3":
-            return
-        if d.mask_token_id >= target.vocab_size:
-            raise ValueError(
-                f"drafter.mask_token_id: {d.mask_token_id} is outside target.vocab_size ({target.vocab_size})"
-            )
-        if d.kind == "dflash2" and d.conv_kernel_size and target.hidden_size % d.conv_group_size:
-            raise ValueError(
-                f"drafter.conv_group_size: {d.conv_group_size} must divide target.hidden_size ({target.hidden_size})"
-            )
-        if d.kind == "dflash2" and d.selector_rank and d.draft_vocab_size is not None:
-            # vLLM's DFlash2 walk indexes the selector codebooks with lm_head ids and emits them as target ids.
-            raise ValueError(
-                "drafter.draft_vocab_size: the DFlash2 candidate selector needs the full vocabulary "
-                "(set draft_vocab_size: null, or selector_rank: 0)"
-            )
-        if d.kind == "dflash2" and d.selector_rank and d.selector_top_k > (d.draft_vocab_size or target.vocab_size):
-            raise ValueError("drafter.selector_top_k: more candidates than the drafter's vocabulary")
+        self.drafter.check_target(self.target)
+
+
+def _rebuild_drafter_field() -> None:
+    """A newly registered drafter family joins the `drafter:` union."""
+    PipelineConfig.model_fields["drafter"].annotation = drafter_union()
+    PipelineConfig.model_rebuild(force=True)
+
+
+on_register(_rebuild_drafter_field)

@@ -179,8 +179,39 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+SGLANG_ALGORITHM = "DFLASH"
+TAP_IDS_ENGINES: tuple[str, ...] = ()  # every engine lists 0-based layer outputs: tap - 1
+
+
+def draft_tokens(*, depth: int | None = None, block_size: int | None = None) -> int:
+    """Block - 1: slot 0 is the anchor, which holds the verified token."""
+    return engines.block_tokens(METHOD, block_size, anchor_predicts=False)
+
+
 def num_speculative_tokens(config: dict, depth: int | None = None) -> int:
-    return engines.num_speculative_tokens(METHOD, block_size=config["block_size"])
+    return draft_tokens(block_size=config["block_size"])
+
+
+def speculative_args(engine: str, num_tokens: int) -> list[str]:
+    # A block drafter verifies the whole block: the anchor plus its drafts.
+    return ["--speculative-num-draft-tokens", str(num_tokens + 1)]
+
+
+def notes(engine: str) -> list[str]:
+    out = []
+    if engine == "tokenspeed":
+        out.append("TokenSpeed's --speculative-config JSON schema is undocumented here; flags are printed instead.")
+    if engine == "sglang":
+        out.append("SGLang reads the block size from the draft config; verify the flags against your SGLang build.")
+    return out
+
+
+def recognizes(config: dict) -> bool:
+    return (config.get("draftsmith") or {}).get("method") == METHOD
+
+
+def extra_files(blobs: dict[str, bytes], run_dir: str, model: DFlashDrafter) -> dict[str, bytes]:
+    return blobs
 
 
 def load_state(model: torch.nn.Module, folder: str, extra: dict[str, torch.Tensor]) -> None:

@@ -81,8 +81,64 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+SGLANG_ALGORITHM = "DSPARK"
+TAP_IDS_ENGINES: tuple[str, ...] = ()  # every engine lists 0-based layer outputs: tap - 1
+
+
+def draft_tokens(*, depth: int | None = None, block_size: int | None = None) -> int:
+    """The whole block: DSpark's anchor slot predicts too."""
+    return engines.block_tokens(METHOD, block_size, anchor_predicts=True)
+
+
 def num_speculative_tokens(config: dict, depth: int | None = None) -> int:
-    return engines.num_speculative_tokens(METHOD, block_size=config["block_size"])
+    return draft_tokens(block_size=config["block_size"])
+
+
+def speculative_args(engine: str, num_tokens: int) -> list[str]:
+    if engine == "sglang":
+        return ["--speculative-dspark-block-size", str(num_tokens)]
+    return ["--speculative-num-draft-tokens", str(num_tokens + 1)]  # the anchor plus its drafts
+
+
+def notes(engine: str) -> list[str]:
+    out = []
+    if engine == "vllm":
+        out.append("vLLM serves DSpark on the V2 model runner only (GPU; V1 refuses method 'dspark').")
+    if engine == "tokenspeed":
+        out.append(
+            "TokenSpeed's DSpark flags are not documented in the sources checked; "
+            "the command reuses its EAGLE3/DFLASH flags with algorithm DSPARK, unverified."
+        )
+        out.append("TokenSpeed's --speculative-config JSON schema is undocumented here; flags are printed instead.")
+    if engine == "sglang":
+        out.append("SGLang reads the block size from the draft config; verify the flags against your SGLang build.")
+    return out
+
+
+def recognizes(config: dict) -> bool:
+    return (config.get("draftsmith") or {}).get("method") == METHOD
+
+
+def extra_files(blobs: dict[str, bytes], run_dir: str, model: DSparkDrafter) -> dict[str, bytes]:
+    """The evaluate stage's confidence calibration, when there is one, travels with the export:
+    `calibration.json` plus `confidence_temperatures` in config.json (the field DSpark checkpoints carry)."""
+    from draftsmith.drafters import confidence as cal
+    from draftsmith.drafters.export import guards
+
+    url = storage.join(run_dir, "evaluate", cal.CALIBRATION_FILE)
+    if not storage.exists(url):
+        return blobs
+    fitted = cal.Calibration.from_json(storage.read_bytes(url))
+    if len(fitted.temperatures) != model.spec.block_size:
+        raise guards.ExportError(
+            f"{url}: {len(fitted.temperatures)} temperatures for a block of {model.spec.block_size}"
+        )
+    config = json.loads(blobs[CONFIG]) | cal.calibration_config(fitted)
+    config.setdefault("draftsmith", {})["calibration"] = fitted.to_dict()
+    return blobs | {
+        CONFIG: (json.dumps(config, indent=2) + "\n").encode(),
+        cal.CALIBRATION_FILE: fitted.to_json().encode(),
+    }
 
 
 def load_drafter(

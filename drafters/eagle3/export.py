@@ -119,11 +119,44 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+SGLANG_ALGORITHM = "EAGLE3"
+TAP_IDS_ENGINES = ("vllm", "tokenspeed")  # their EAGLE-3 aux ids are our taps; SGLang's are tap - 1
+
+
+def draft_tokens(*, depth: int | None = None, block_size: int | None = None) -> int:
+    """A chain drafts its trained depth per round."""
+    if not depth or depth < 1:
+        raise ValueError("eagle3: the trained depth (drafter.ttt_depth) is needed for num_speculative_tokens")
+    return depth
+
+
 def num_speculative_tokens(config: dict, depth: int | None) -> int:
-    return engines.num_speculative_tokens(METHOD, depth=depth)
+    return draft_tokens(depth=depth)
 
 
-def load_drafter(folder: str, embed_weight: torch.Tensor) -> tuple[Eagle3Drafter, list[int]]:
+def speculative_args(engine: str, num_tokens: int) -> list[str]:
+    return [
+        "--speculative-num-steps", str(num_tokens), "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", str(num_tokens + 1),
+    ]  # fmt: skip
+
+
+def notes(engine: str) -> list[str]:
+    return []
+
+
+def recognizes(config: dict) -> bool:
+    """EAGLE-3 folders are known by their architecture (they carry no method field)."""
+    return any("Eagle3" in a for a in config.get("architectures", []))
+
+
+def extra_files(blobs: dict[str, bytes], run_dir: str, model: Eagle3Drafter) -> dict[str, bytes]:
+    return blobs
+
+
+def load_drafter(
+    folder: str, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor | None = None
+) -> tuple[Eagle3Drafter, list[int]]:
     """Rebuild the fp32 drafter and its taps from a checkpoint folder (any engine's), sharing the target's embedding."""
     config = storage.read_json(storage.join(folder, CONFIG))
     spec = Eagle3Spec(**config["draftsmith"]["spec"])

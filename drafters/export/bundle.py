@@ -8,7 +8,6 @@ appears atomically (written beside it, then renamed).
 """
 
 import hashlib
-import importlib
 import json
 import os
 import shlex
@@ -21,23 +20,19 @@ import torch
 from safetensors import safe_open
 
 from draftsmith.core import storage, tensorio
-from draftsmith.drafters.export import engines, guards
+from draftsmith.drafters.export import engines, guards, methods
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TAP_CONVENTION = "residual stream after decoder layer k, counting from 1 (HF hidden_states[k])"
-_MODULES = {
-    "eagle3": "draftsmith.drafters.eagle3.export",
-    "dflash": "draftsmith.drafters.dflash.export",
-    "dspark": "draftsmith.drafters.dspark.export",
-}
-# The recipe's `drafter.kind` -> the speculative method the engines call it.
-_KIND_TO_METHOD = {"dflash2": "dflash"}
 
 
 def method_of(kind: str) -> str:
-    """The `--speculative-config` method that serves drafter family `kind`."""
-    return _KIND_TO_METHOD.get(kind, kind)
+    """The `--speculative-config` method that serves drafter family `kind` (its export module's)."""
+    try:
+        return methods.method_of(kind)
+    except ValueError as err:
+        raise guards.ExportError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -65,9 +60,11 @@ class ExportResult:
 
 
 def method_module(method: str) -> ModuleType:
-    if method not in _MODULES:
-        raise guards.ExportError(f"drafter kind {method!r}: expected one of {', '.join(_MODULES)}")
-    return importlib.import_module(_MODULES[method])
+    """The export module of serving method `method` (`draftsmith.drafters.export.methods`)."""
+    try:
+        return methods.module(method)
+    except ValueError:
+        raise guards.ExportError(f"drafter kind {method!r}: expected one of {', '.join(methods.names())}") from None
 
 
 def verify_blobs(
@@ -210,8 +207,8 @@ def target_sha256(folder: str | Path) -> str:
 
 
 def _load_trained(method: str, module: ModuleType, folder: str, embed: torch.Tensor, head: torch.Tensor):
-    """The fp32 drafter from the train stage folder; block drafters also take the target's lm_head."""
-    loaded = module.load_drafter(folder, embed) if method == "eagle3" else module.load_drafter(folder, embed, head)
+    """The fp32 drafter from the train stage folder, with the target's embedding and lm_head to share."""
+    loaded = module.load_drafter(folder, embed, head)
     return loaded[0] if isinstance(loaded, tuple) else loaded
 
 
@@ -237,7 +234,7 @@ def run_metadata(cfg, train_dir: str, train_key: str, taps: list[int], store: di
         "recipe": cfg.name,
         "recipe_sha256": hashlib.sha256(dump_recipe(cfg).encode()).hexdigest(),
         "train_key": train_key,
-        "ttt_depth": getattr(cfg.drafter, "ttt_depth", None),
+        "ttt_depth": cfg.drafter.trained_depth,
         "train_stage": train_dir,
         "max_position_embeddings": _target_config(target_dir).get("max_position_embeddings"),
     }
@@ -246,25 +243,6 @@ def run_metadata(cfg, train_dir: str, train_key: str, taps: list[int], store: di
 def _target_config(target_dir: Path) -> dict:
     config = json.loads((Path(target_dir) / "config.json").read_text())
     return config.get("text_config") or config
-
-
-def with_calibration(blobs: dict[str, bytes], run_dir: str, block_size: int) -> dict[str, bytes]:
-    """DSpark: the evaluate stage's confidence calibration, when there is one, travels with the export:
-    `calibration.json` plus `confidence_temperatures` in config.json (the field DSpark checkpoints carry)."""
-    from draftsmith.drafters.dspark import calibration as cal
-
-    url = storage.join(run_dir, "evaluate", cal.CALIBRATION_FILE)
-    if not storage.exists(url):
-        return blobs
-    fitted = cal.Calibration.from_json(storage.read_bytes(url))
-    if len(fitted.temperatures) != block_size:
-        raise guards.ExportError(f"{url}: {len(fitted.temperatures)} temperatures for a block of {block_size}")
-    config = json.loads(blobs[CONFIG]) | cal.calibration_config(fitted)
-    config.setdefault("draftsmith", {})["calibration"] = fitted.to_dict()
-    return blobs | {
-        CONFIG: (json.dumps(config, indent=2) + "\n").encode(),
-        cal.CALIBRATION_FILE: fitted.to_json().encode(),
-    }
 
 
 def export_run(
@@ -308,11 +286,10 @@ def export_run(
     blobs = export_drafter(
         method, model, taps, metadata, engine=engine, num_target_layers=cfg.target.num_layers, target_embed_VH=embed
     )
-    if method == "dspark":
-        blobs = with_calibration(blobs, run_dir, model.spec.block_size)
+    blobs = module.extra_files(blobs, run_dir, model)
     folder = write_folder(out or storage.join(run_dir, "export", engine), blobs)
     config = json.loads(blobs[CONFIG])
-    n = module.num_speculative_tokens(config, getattr(cfg.drafter, "ttt_depth", None))
+    n = module.num_speculative_tokens(config, cfg.drafter.trained_depth)
     path = str(folder.resolve())
     return ExportResult(
         folder=path,

@@ -24,21 +24,21 @@ import json
 import shlex
 from pathlib import Path
 
+from draftsmith.drafters.export import methods
+
 ENGINES = ("vllm", "sglang", "tokenspeed")
-METHODS = ("eagle3", "dflash", "dspark")
 PLATFORMS = ("cpu", "gpu")
-_SGLANG_ALGORITHM = {"eagle3": "EAGLE3", "dflash": "DFLASH", "dspark": "DSPARK"}
 
 
 def check_engine(engine: str, method: str) -> None:
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    if method not in METHODS:
-        raise ValueError(f"drafter {method!r}: expected one of {', '.join(METHODS)}")
+    if method not in methods.names():
+        raise ValueError(f"drafter {method!r}: expected one of {', '.join(methods.names())}")
 
 
 def aux_convention(method: str, engine: str) -> str:
-    if method == "eagle3" and engine in ("vllm", "tokenspeed"):
+    if engine in methods.module(method).TAP_IDS_ENGINES:
         return "aux id = tap (residual after layer k, from 1)"
     return "id = tap - 1 (0-based layer output)"
 
@@ -46,20 +46,21 @@ def aux_convention(method: str, engine: str) -> str:
 def aux_layer_ids(method: str, engine: str, taps: list[int]) -> list[int]:
     """The layer ids `engine` expects in the draft config for our taps (residual after layer k, from 1)."""
     check_engine(engine, method)
-    if method == "eagle3" and engine in ("vllm", "tokenspeed"):
+    if engine in methods.module(method).TAP_IDS_ENGINES:
         return [int(t) for t in taps]
     return [int(t) - 1 for t in taps]
 
 
 def num_speculative_tokens(method: str, *, depth: int | None = None, block_size: int | None = None) -> int:
     """Draft tokens per round: EAGLE-3 its trained depth, DFlash block - 1 (slot 0 is the anchor), DSpark block."""
-    if method == "eagle3":
-        if not depth or depth < 1:
-            raise ValueError("eagle3: the trained depth (drafter.ttt_depth) is needed for num_speculative_tokens")
-        return depth
+    return methods.module(method).draft_tokens(depth=depth, block_size=block_size)
+
+
+def block_tokens(method: str, block_size: int | None, anchor_predicts: bool) -> int:
+    """A block drafter's drafts per round: the whole block when its anchor slot predicts too, else block - 1."""
     if not block_size or block_size < 2:
         raise ValueError(f"{method}: block_size must be at least 2, got {block_size}")
-    return block_size - 1 if method == "dflash" else block_size
+    return block_size if anchor_predicts else block_size - 1
 
 
 def vllm_speculative_config(method: str, folder: str, num_tokens: int) -> dict:
@@ -71,16 +72,9 @@ def engine_args(method: str, engine: str, folder: str, num_tokens: int) -> list[
     check_engine(engine, method)
     if engine == "vllm":
         return ["--speculative-config", json.dumps(vllm_speculative_config(method, folder, num_tokens))]
-    args = ["--speculative-algorithm", _SGLANG_ALGORITHM[method], "--speculative-draft-model-path", folder]
-    if method == "eagle3":
-        args += ["--speculative-num-steps", str(num_tokens), "--speculative-eagle-topk", "1"]
-        args += ["--speculative-num-draft-tokens", str(num_tokens + 1)]
-    elif engine == "sglang" and method == "dspark":
-        args += ["--speculative-dspark-block-size", str(num_tokens)]
-    else:
-        # A block drafter verifies the whole block: the anchor plus its drafts.
-        args += ["--speculative-num-draft-tokens", str(num_tokens + 1)]
-    return args
+    module = methods.module(method)
+    args = ["--speculative-algorithm", module.SGLANG_ALGORITHM, "--speculative-draft-model-path", folder]
+    return args + module.speculative_args(engine, num_tokens)
 
 
 def detect_platform() -> str:
@@ -177,15 +171,5 @@ def engine_notes(
             "server module; fp32 is needed to match the target's greedy output on CPU."
         )
         notes.append("VLLM_CPU_KVCACHE_SPACE is the KV cache in GiB: raise it for longer contexts or more requests.")
-    if engine == "vllm" and method == "dspark":
-        notes.append("vLLM serves DSpark on the V2 model runner only (GPU; V1 refuses method 'dspark').")
-    if engine == "tokenspeed" and method == "dspark":
-        notes.append(
-            "TokenSpeed's DSpark flags are not documented in the sources checked; "
-            "the command reuses its EAGLE3/DFLASH flags with algorithm DSPARK, unverified."
-        )
-    if engine == "tokenspeed" and method != "eagle3":
-        notes.append("TokenSpeed's --speculative-config JSON schema is undocumented here; flags are printed instead.")
-    if engine == "sglang" and method in ("dflash", "dspark"):
-        notes.append("SGLang reads the block size from the draft config; verify the flags against your SGLang build.")
+    notes += methods.module(method).notes(engine)
     return notes

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from draftsmith.drafters.dspark.calibration import (
+from draftsmith.drafters.confidence import (
     CONFIG_FIELD,
     Calibration,
     ConfidenceRecord,

@@ -99,7 +99,7 @@ def test_a_live_rank_whose_heartbeat_is_stale_is_stalled_and_an_exited_one_is_no
         with pytest.raises(rank_health.Stalled) as info:
             rank_health.check_heartbeats(tmp_path)
         [(beat, age, state)] = info.value.args[0]
-        assert beat["rank"] == 1 and age >= 5 and state == "sleeping"
+        assert beat["rank"] == 1 and age >= 5 and state in ("sleeping", "running")  # alive, whatever it does
         err = rank_health.stall_error("m", info.value, ["last line"])
         assert err.rank == 1 and "rank 1 (pid" in str(err) and "over train.x = 2 s" in str(err)
         os.utime(tmp_path / "rank-1.json")  # a fresh beat: nothing is stalled

@@ -1,4 +1,5 @@
-"""Calibration of DSpark's confidence head and the dynamic verification cut it drives (algorithms.md §1(c)).
+"""Calibration of a drafter's confidence head (DSpark's) and the dynamic verification cut it drives
+(algorithms.md §1(c)).
 
 The confidence head gives slot k a logit c_k for "draft k is accepted, given drafts 0..k-1 were". Its prefix
 survival `a_k = prod_{j<=k} sigmoid(c_j / T_j)` estimates P(drafts 0..k all accepted). Dynamic verification
