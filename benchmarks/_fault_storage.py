@@ -190,8 +190,8 @@ def after_crash(uri: str, clean: StageManifest) -> dict[str, int]:
 
 def s3_restart(workdir: str | Path | None = None, *, kill_in_shard: int = 1) -> FaultResult:
     """SIGKILL the S3 server while the stage writes shard `kill_in_shard`, start it again, rerun the stage."""
+    from benchmarks.s3_weed import WeedServer
     from draftsmith.core import retry
-    from tests.s3_weed import WeedServer
 
     data = samples()
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
@@ -241,8 +241,8 @@ def s3_restart(workdir: str | Path | None = None, *, kill_in_shard: int = 1) -> 
 def read_only_bucket(workdir: str | Path | None = None) -> FaultResult:
     """A finished stage in a bucket, then credentials that may only read it: a new stage there must be
     refused at its first write, a delete of the finished one refused too, and nothing of it lost."""
+    from benchmarks.s3_weed import WeedServer
     from draftsmith.core import retry, storage
-    from tests.s3_weed import WeedServer
 
     data, reader = samples(), READ_ONLY
     done_uri, new_uri = f"s3://draftsmith/done/{STAGE}", f"s3://draftsmith/new/{STAGE}"

@@ -92,7 +92,7 @@ def cmdline(pid: int) -> bytes | None:
 
 def descendants(match: str, env: str | None = None) -> list[int]:
     """This process's live descendants whose command line holds `match` (and whose environment holds `env`)."""
-    from draftsmith.engines.torchrun import process_alive
+    from draftsmith.drafters.training.torchrun import process_alive
 
     children, todo, found = _children(), [os.getpid()], []
     while todo:
@@ -119,7 +119,7 @@ def _is_python_worker(pid: int) -> bool:
 def _release(pid: int | None, argv: bytes | None) -> None:
     """Never leave a stopped or injected process behind, whatever the scenario's outcome; `argv` (its command
     line when it was faulted) makes sure the pid was not reused by another process since."""
-    from draftsmith.engines.torchrun import process_alive
+    from draftsmith.drafters.training.torchrun import process_alive
 
     if pid is None or not process_alive(pid) or cmdline(pid) != argv:
         return
@@ -378,7 +378,7 @@ with OnlineSource(*parts, StageManifest.model_validate(spec["tokens"]), epochs=1
 
 def _start_parent(c, inputs, work: Path) -> tuple[subprocess.Popen, dict]:
     """The stream's owner in its own process, and the pids of the master and producers it started."""
-    from draftsmith.engines.torchrun import process_alive
+    from draftsmith.drafters.training.torchrun import process_alive
 
     hidden = _with(c.hidden_states, mode="online", online={"num_producers": 2, "segment_mb": 16})
     spec = {"hidden": hidden.model_dump(mode="json"), "target": c.target.model_dump(mode="json")}
@@ -410,7 +410,7 @@ def parent_killed(workdir: str | Path | None = None, *, run: tuple | None = None
 
     `detail`: `children` (master and producer pids), `alive_before` (those running at the kill), `survivors`.
     """
-    from draftsmith.engines.torchrun import process_alive
+    from draftsmith.drafters.training.torchrun import process_alive
 
     c, inputs = run or tiny_inputs()
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:

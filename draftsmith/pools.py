@@ -29,7 +29,7 @@ _POD = "job_configuration.job_manifest.spec.template.spec"
 _JOB = "job_configuration.job_manifest.spec"
 # The variable a multi-node template sizes its Indexed Job with.
 NODES_VARIABLE = "nnodes"
-# Env a multi-node pod must carry, and what its value must reference (draftsmith.engines.torchrun reads them).
+# Env a multi-node pod must carry, and what its value must reference (draftsmith.drafters.training.torchrun reads them).
 _COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _RDZV_ENV = "DRAFTSMITH_RDZV_ENDPOINT"
 _ENV_REF = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

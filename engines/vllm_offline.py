@@ -292,7 +292,7 @@ class VLLMOfflineEngine(VLLMHandle):
         self,
         model: str,
         *,
-        max_model_len: int = 2048,
+        max_model_len: int,
         seed: int = 0,
         python: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,

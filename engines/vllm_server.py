@@ -1,6 +1,6 @@
 """Run `vllm serve` as a subprocess on loopback: for tests, benchmarks, and local OpenAI-compatible serving.
 
-    with VLLMServer(model_dir, extra_args=["--dtype", "float32"]) as server:
+    with VLLMServer(model_dir, max_model_len=2048, extra_args=["--dtype", "float32"]) as server:
         engine = OpenAIEngine(server.url, server.served_model_name)
 
 The server binds 127.0.0.1 only, on a free port unless one is given; its output goes to a log file whose
@@ -74,8 +74,8 @@ class VLLMServer:
         model: str,
         *,
         python: str | None = None,
+        max_model_len: int,
         port: int = 0,
-        max_model_len: int = 2048,
         extra_args: Sequence[str] = (),
         log_path: str | None = None,
         start_timeout_s: float = 900.0,

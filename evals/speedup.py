@@ -145,7 +145,13 @@ def measure_speedup(
         servers = {}
         for mode, extra in (("off", []), ("on", spec_args)):
             log_path = str(out / f"{mode}.log")
-            server = VLLMServer(target_dir, python=python, extra_args=[*base, *extra], log_path=log_path)
+            server = VLLMServer(
+                target_dir,
+                max_model_len=cfg.max_model_len,
+                python=python,
+                extra_args=[*base, *extra],
+                log_path=log_path,
+            )
             servers[mode] = stack.enter_context(server)
         urls = {m: s.url for m, s in servers.items()}
         argvs, names = plan_runs(urls, servers["off"].served_model_name, target_dir, dataset, out, cfg)

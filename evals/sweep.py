@@ -165,7 +165,6 @@ def sweep_server(
     method: str | None = None,
     num_speculative_tokens: int | None = None,
     extra_args: Sequence[str] = ("--dtype", "float32", "--enforce-eager"),
-    max_model_len: int = 2048,
     python: str | None = None,
     work_dir: str | None = None,
 ) -> dict[str, Any]:
@@ -195,7 +194,7 @@ def sweep_server(
         target_dir,
         python=python,
         port=port,
-        max_model_len=max_model_len,
+        max_model_len=cfg.max_model_len,
         extra_args=[*args, *spec_args],
         log_path=str(out / "server.log"),
     )

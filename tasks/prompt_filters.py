@@ -8,7 +8,6 @@ duplicates go through MinHash LSH and contamination through a hashed n-gram set,
 
 from __future__ import annotations
 
-import math
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from fractions import Fraction
 from datasketch import MinHash, MinHashLSH
 
 from draftsmith.core.prompt_keys import dedupe_key
-from draftsmith.tasks.prompt_pool import PromptRecord
+from draftsmith.tasks.prompt_pool import PromptRecord, allocate
 
 _WORD = re.compile(r"\w+")
 
@@ -195,19 +194,6 @@ def _ngrams(tokens: list[str], n: int) -> set[int]:
 def contaminated(record: PromptRecord, index: set[int], n: int) -> bool:
     """Whether any user turn shares a word n-gram (or, if short, its whole text) with the index."""
     return any(not index.isdisjoint(_ngrams(words(turn), n)) for turn in record.turns)
-
-
-def allocate(total: int, weights: dict[str, Fraction]) -> dict[str, int]:
-    """Largest-remainder split of `total` over `weights` (exact fractions; ties go to the sorted first)."""
-    weight_sum = sum(weights.values())
-    if total <= 0 or weight_sum <= 0:
-        return dict.fromkeys(weights, 0)
-    quotas = {c: total * w / weight_sum for c, w in weights.items()}
-    counts = {c: math.floor(q) for c, q in quotas.items()}
-    order = sorted(weights, key=lambda c: (counts[c] - quotas[c], c))
-    for category in order[: total - sum(counts.values())]:
-        counts[category] += 1
-    return counts
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -419,12 +419,18 @@ def _resolve_mix(mix: dict[str, float] | None) -> dict[str, Fraction]:
     return {c: Fraction(mix.get(c, 0)) for c in CATEGORIES}
 
 
-def _allocate(total: int, weights: dict[str, Fraction]) -> dict[str, int]:
-    # Exact fractions: float quotas can floor 29.999... to 29 and hand a seat to a zero-weight category.
+def allocate(total: int, weights: dict[str, Fraction], order: Sequence[str] | None = None) -> dict[str, int]:
+    """Largest-remainder split of `total` over `weights`; ties go to the first in `order` (default: sorted).
+
+    Exact fractions: float quotas can floor 29.999... to 29 and hand a seat to a zero-weight category.
+    """
     weight_sum = sum(weights.values())
+    if total <= 0 or weight_sum <= 0:
+        return dict.fromkeys(weights, 0)
+    rank = {c: i for i, c in enumerate(order if order is not None else sorted(weights))}
     quotas = {c: total * w / weight_sum for c, w in weights.items()}
     counts = {c: math.floor(q) for c, q in quotas.items()}
-    by_remainder = sorted(CATEGORIES, key=lambda c: (counts[c] - quotas[c], CATEGORIES.index(c)))
+    by_remainder = sorted(weights, key=lambda c: (counts[c] - quotas[c], rank[c]))
     for category in by_remainder[: total - sum(counts.values())]:
         counts[category] += 1
     return counts
@@ -447,7 +453,7 @@ def synthetic_pool(num_prompts: int, *, seed: int, mix: dict[str, float] | None 
     """
     if num_prompts < 0:
         raise ValueError(f"num_prompts must be >= 0, got {num_prompts}")
-    counts = _allocate(num_prompts, _resolve_mix(mix))
+    counts = allocate(num_prompts, _resolve_mix(mix), order=CATEGORIES)
     rng = random.Random(seed)
     seen: dict[str, int] = {}
     records = [_draw(category, rng, seen) for category in CATEGORIES for _ in range(counts[category])]

@@ -1,7 +1,7 @@
 """Stage 5: train the drafter on the captured hidden states with the FSDP2 trainer, launched by torchrun.
 
 The task writes a job spec into the stage folder, runs `torchrun ... -m draftsmith.drafters.training.worker` with the
-recipe's nodes, ranks and rendezvous (`draftsmith.engines.torchrun` streams every rank's log into this task's log and
+recipe's nodes, ranks and rendezvous (`drafters.training.torchrun` streams every rank's log into this task's log and
 fails with the failing rank's traceback), and turns the `result.json` rank 0 wrote into the manifest. A
 retried or re-run task with the same inputs resumes from the newest checkpoint in `<stage>/checkpoints`.
 
@@ -32,8 +32,7 @@ from draftsmith.core.progress import MIN_INTERVAL_S, Progress, stage_progress
 from draftsmith.core.stage import StageResult, run_stage, stage_key
 from draftsmith.drafters import data, families
 from draftsmith.drafters.export import serve
-from draftsmith.drafters.training import checkpoint, fsdp, loop, plan, run, schedule, target_parts, worker
-from draftsmith.engines import torchrun
+from draftsmith.drafters.training import checkpoint, fsdp, loop, plan, run, schedule, target_parts, torchrun, worker
 from draftsmith.tasks import hidden_stream
 from draftsmith.transport import offline_reader, sample
 from draftsmith.transport.token_shards import token_samples

@@ -269,7 +269,7 @@ class MooncakeStream:
         codec: StoreCodec | None = None,
         *,
         num_producers: int = 1,
-        peer_timeout_s: float = 30.0,
+        peer_timeout_s: float,
         connect_timeout_s: float = 120.0,
         master_timeout_s: float | None = None,
         store=None,

@@ -39,6 +39,7 @@ class SweepConfig(StrictModel):
     warmup_requests: int = Field(2, ge=0, description="Requests before the first level, left out of every figure.")
     timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit per concurrency level, in seconds.")
     seed: int = Field(0, description="Seed of the load generator.")
+    max_model_len: int = Field(2048, gt=0, description="The server's context: longest prompt plus answer, in tokens.")
 
     _levels = field_validator("concurrency")(_distinct_levels)
 
@@ -70,6 +71,7 @@ class SpeedupConfig(StrictModel):
     max_prompts: int = Field(48, ge=1, description="Prompts drawn round-robin from the run's evaluation benchmarks.")
     warmup_requests: int = Field(2, ge=0, description="Untimed requests to each server before its first timed run.")
     timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit for all timed runs together, in seconds.")
+    max_model_len: int = Field(2048, gt=0, description="The servers' context: longest prompt plus answer, in tokens.")
 
     _levels = field_validator("concurrency")(_distinct_levels)
 

@@ -108,7 +108,7 @@ def dflash_objective(
     generator: torch.Generator,
     num_anchors: int,
     gamma: float,
-    selector_alpha: float = 0.0,
+    selector_alpha: float,
 ) -> StepLoss:
     """One DFlash / DFlash2 training step's loss (CE on the dataset tokens, plus the selector's when on).
 

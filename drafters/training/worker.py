@@ -1,9 +1,9 @@
 """The torchrun entry point: `python -m draftsmith.drafters.training.worker --spec JOB.json`, one process per rank.
 
-The `train` task writes the job spec, launches torchrun (`draftsmith.engines.torchrun`) and reads back `result.json`,
+The `train` task writes the job spec, launches torchrun (`drafters.training.torchrun`) and reads back `result.json`,
 which rank 0 writes after the consolidated export. Every rank builds the same plan from the sample lengths,
 shards the drafter, resumes from the newest complete checkpoint and trains its own micro-batches. Each rank
-beats a heartbeat for the launcher (`engines.rank_health.start_heartbeat`), bounded by `train.distributed.timeout_s`.
+beats a heartbeat for the launcher (`rank_health.start_heartbeat`), bounded by `train.distributed.timeout_s`.
 """
 
 import argparse
@@ -25,11 +25,10 @@ from draftsmith.core.config import HiddenStatesConfig, TargetConfig
 from draftsmith.core.config.drafter import parse_drafter
 from draftsmith.core.config.train import TrainConfig
 from draftsmith.drafters import families
-from draftsmith.drafters.training import fsdp, run
+from draftsmith.drafters.training import fsdp, rank_health, run
 from draftsmith.drafters.training.checkpoint import Checkpoints
 from draftsmith.drafters.training.loop import Trainer
 from draftsmith.drafters.training.target_parts import load_target_parts, target_head
-from draftsmith.engines import rank_health
 
 log = logging.getLogger("draftsmith.drafters.training")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks._fault_stream import DEATH_S, MASTER_TIMEOUT_S, master_killed, parent_killed
-from draftsmith.engines.torchrun import GRACE_S
+from draftsmith.drafters.training.torchrun import GRACE_S
 from draftsmith.transport.mooncake_store import MooncakeMaster, stop_process
 from draftsmith.transport.mooncake_stream import MASTER_PROBE_S, MasterLost, MooncakeStream
 

@@ -22,7 +22,7 @@ try:
     from draftsmith.core.runlock import hold
 except ImportError:
     hold = lambda run_dir: contextlib.nullcontext()
-from draftsmith.engines.torchrun import TorchrunSpec, run_torchrun
+from draftsmith.drafters.training.torchrun import TorchrunSpec, run_torchrun
 run_dir, pid_dir, root = sys.argv[1:4]
 spec = TorchrunSpec(module="tests.faults.test_fault_orphans", args=[pid_dir], nnodes=1, nproc_per_node=2,
                     threads_per_rank=1)
@@ -33,7 +33,7 @@ DEATH_S = 5.0
 
 
 def _alive(pid: int) -> bool:
-    from draftsmith.engines.torchrun import process_alive
+    from draftsmith.drafters.training.torchrun import process_alive
 
     return process_alive(pid)
 

@@ -8,8 +8,8 @@ their bytes and still load, and a rerun resumes from the newest of them and reco
 import pytest
 
 from benchmarks._fault_stream import STALL_S, rank_lost
-from draftsmith.engines.rank_health import HEARTBEAT_S
-from draftsmith.engines.torchrun import GRACE_S
+from draftsmith.drafters.training.rank_health import HEARTBEAT_S
+from draftsmith.drafters.training.torchrun import GRACE_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 

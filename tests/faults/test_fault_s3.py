@@ -1,4 +1,4 @@
-"""An S3 run folder under faults, on a real SeaweedFS server (`tests/s3_weed.py`) on loopback.
+"""An S3 run folder under faults, on a real SeaweedFS server (`benchmarks/s3_weed.py`) on loopback.
 
 The server SIGKILLed while a stage writes its shards: the stage fails with one line naming the object, a
 transient error its retry policy retries; nothing half-written is committed and no manifest appears; after a
@@ -14,10 +14,10 @@ import pytest
 
 import draftsmith.flows.pipeline
 from benchmarks._fault_storage import READ_ONLY, read_only_bucket, s3_env, s3_restart
+from benchmarks.s3_weed import WeedServer
 from draftsmith import cli
 from draftsmith.core.storage import StorageRefused, StorageUnavailable
 from tests.conftest import RECIPES
-from tests.s3_weed import WeedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from draftsmith.drafters.training.metrics import read_jsonl
 from draftsmith.drafters.training.run import FAULT_ENV
-from draftsmith.engines.torchrun import TorchrunError
+from draftsmith.drafters.training.torchrun import TorchrunError
 from draftsmith.tasks.train import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -5,7 +5,7 @@ so the drafter trained online is bitwise the drafter trained from the store."""
 import pytest
 
 from draftsmith.core import storage
-from draftsmith.engines.torchrun import TorchrunError
+from draftsmith.drafters.training.torchrun import TorchrunError
 from draftsmith.tasks.train import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -12,11 +12,11 @@ import textwrap
 
 import pytest
 
+from benchmarks.s3_weed import weed_s3
 from draftsmith.core import storage
 from draftsmith.transport.offline_reader import OfflineDataset
 from draftsmith.transport.offline_store import COMMITS, ShardWriter, shard_name, write_store
 from draftsmith.transport.sample import StoreCodec, decode, encode
-from tests.s3_weed import weed_s3
 from tests.unit.test_offline_store import assert_same, info, samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -1,4 +1,4 @@
-"""`engines.torchrun` for real: 2 gloo ranks launched by torchrun, their lines streamed into the logger, a rank's
+"""The torchrun launcher for real: 2 gloo ranks launched by torchrun, their lines streamed into the logger, a rank's
 exception surfaced with its rank and traceback, a hung rank killed on timeout with no process left behind.
 Plus the multi-node command line (c10d rendezvous from the env an Indexed Job gives each pod)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.engines.torchrun import (
+from draftsmith.drafters.training.torchrun import (
     GRACE_S,
     TorchrunError,
     TorchrunSpec,
@@ -172,7 +172,8 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.mark.integration
 @pytest.mark.timeout(90)
 def test_two_nodes_node0_serves_the_launch_to_a_follower(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    """Node 0 (as the flow's train task would) and a follower node (`python -m draftsmith.engines.torchrun follow`, as
+    """Node 0 (as the flow's train task would) and a follower node (`python -m
+    draftsmith.drafters.training.torchrun follow`, as
     pods
     1..n-1 of gb200-train run it) form one 2-rank job over a c10d rendezvous on loopback."""
     caplog.set_level(logging.INFO, logger=LOGGER)
@@ -184,7 +185,7 @@ def test_two_nodes_node0_serves_the_launch_to_a_follower(caplog: pytest.LogCaptu
     t0 = time.monotonic()
     with follower_out.open("w") as out:
         follower = subprocess.Popen(
-            [sys.executable, "-m", "draftsmith.engines.torchrun", "follow"],
+            [sys.executable, "-m", "draftsmith.drafters.training.torchrun", "follow"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
             env=os.environ | env | {"DRAFTSMITH_RDZV_ENDPOINT": rdzv, "JOB_COMPLETION_INDEX": "1"},
             start_new_session=True,

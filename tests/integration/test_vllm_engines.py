@@ -146,7 +146,7 @@ def test_worker_death_reports_the_log_tail(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is importable in this interpreter")
     log = tmp_path / "worker.log"
-    engine = VLLMOfflineEngine("/nonexistent-model", python=sys.executable, log_path=str(log))
+    engine = VLLMOfflineEngine("/nonexistent-model", max_model_len=1024, python=sys.executable, log_path=str(log))
     with pytest.raises(RuntimeError, match=r"(?s)vLLM worker died during start-up.*No module named 'vllm'"):
         engine.chat([ChatRequest(CONVERSATIONS[0])], GREEDY)
     assert "No module named 'vllm'" in log.read_text()
@@ -158,7 +158,9 @@ def test_worker_death_reports_the_log_tail(tmp_path):
 def test_server_that_cannot_start_reports_the_log_tail(tmp_path):
     from draftsmith.engines.vllm_server import VLLMServer
 
-    server = VLLMServer(str(tmp_path / "no-such-model"), log_path=str(tmp_path / "serve.log"), start_timeout_s=300)
+    server = VLLMServer(
+        str(tmp_path / "no-such-model"), max_model_len=1024, log_path=str(tmp_path / "serve.log"), start_timeout_s=300
+    )
     with pytest.raises(RuntimeError, match=r"(?s)exited with code \d+ before it was ready.*last lines:\n.+"):
         server.start()
     assert server.pid is None

@@ -343,7 +343,7 @@ def test_rendezvous_service_matches_the_template(train_template: dict) -> None:
     assert service["metadata"]["namespace"] == props["namespace"]["default"]
     pod_labels = render(train_template, WORKER_VALUES)["job_manifest"]["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"] == pod_labels
-    # The c10d store, and the launch node 0 serves to the others one port up (`engines.torchrun.launch_address`).
+    # The c10d store, and the launch node 0 serves to the others one port up (`torchrun.launch_address`).
     assert [p["port"] for p in service["spec"]["ports"]] == [29400, 29401] == [
         props["rdzv_port"]["default"], props["rdzv_port"]["default"] + 1,
     ]  # fmt: skip

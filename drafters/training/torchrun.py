@@ -3,11 +3,11 @@
 One `run_torchrun` call is one node's launch: `--standalone` on one node; on N nodes a c10d rendezvous at
 `rdzv_endpoint` (or `$DRAFTSMITH_RDZV_ENDPOINT`, which the gb200-train job template sets), node 0 hosting it.
 Workers should wrap their entry point in torch.distributed.elastic's `@record`: its per-rank `error.json`
-(under `--log-dir`) is where the failing rank's traceback is read from; `draftsmith.engines.rank_health` names the rank
+(under `--log-dir`) is where the failing rank's traceback is read from; `drafters.training.rank_health` names the rank
 that caused a failure and kills a launch whose rank went silent past its bound.
 
 Only node 0 of a multi-node job runs the Prefect flow; it serves each launch to the other nodes, which run
-`python -m draftsmith.engines.torchrun follow` (deployments/work-pools/README.md, gb200-train).
+`python -m draftsmith.drafters.training.torchrun follow` (deployments/work-pools/README.md, gb200-train).
 """
 
 import argparse
@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftsmith.core import procs, runlock
-from draftsmith.engines import rank_health
-from draftsmith.engines.rank_health import HEARTBEAT_ENV, TorchrunError, TorchrunTimeout, process_alive
+from draftsmith.drafters.training import rank_health
+from draftsmith.drafters.training.rank_health import HEARTBEAT_ENV, TorchrunError, TorchrunTimeout, process_alive
 
 RDZV_ENDPOINT_ENV = "DRAFTSMITH_RDZV_ENDPOINT"
 # JOB_COMPLETION_INDEX is what a Kubernetes Indexed Job gives each pod.
@@ -267,7 +267,7 @@ def run_torchrun(
     `env` is merged over os.environ. Raises TorchrunError (first failing rank and its traceback) on a
     non-zero exit, TorchrunTimeout after `timeout_s`; on a timeout or any exception (KeyboardInterrupt
     included) torchrun and all its ranks are killed before this returns. On node 0 of a multi-node job the
-    launch is also served to `python -m draftsmith.engines.torchrun follow` on the other nodes while it runs.
+    launch is also served to `python -m draftsmith.drafters.training.torchrun follow` on the other nodes while it runs.
     """
     own_log_dir = spec.log_dir is None
     if own_log_dir:
@@ -287,8 +287,9 @@ def run_torchrun(
 
 
 # --- other nodes of a multi-node job ------------------------------------------------------------------------
-# Only pod 0 of a gb200-train job runs the flow; pods 1..n-1 run `python -m draftsmith.engines.torchrun follow`, which
-# fetches each launch (module, args, shared files) from node 0 and runs this node's torchrun for it.
+# Only pod 0 of a gb200-train job runs the flow; pods 1..n-1 run
+# `python -m draftsmith.drafters.training.torchrun follow`, which fetches each launch (module, args, shared
+# files) from node 0 and runs this node's torchrun for it.
 
 
 def launch_address(endpoint: str, environ: Mapping[str, str]) -> tuple[str, int]:
@@ -378,7 +379,7 @@ def follow(*, environ: Mapping[str, str] | None = None, log: logging.Logger, tim
     endpoint = environ.get(RDZV_ENDPOINT_ENV)
     if not endpoint:
         raise ValueError(
-            f"draftsmith.engines.torchrun follow: {RDZV_ENDPOINT_ENV} is not set (the job template sets it)"
+            f"draftsmith.drafters.training.torchrun follow: {RDZV_ENDPOINT_ENV} is not set (the job template sets it)"
         )
     host, port = launch_address(endpoint, environ)
     last = None
@@ -392,7 +393,8 @@ def follow(*, environ: Mapping[str, str] | None = None, log: logging.Logger, tim
         spec = TorchrunSpec(**{f: launch[f] for f in fields}, rdzv_endpoint=endpoint)
         if resolve_rendezvous(spec, environ)[1] == 0:
             raise ValueError(
-                "draftsmith.engines.torchrun follow: this is node 0, which runs the flow (and serves launches)"
+                "draftsmith.drafters.training.torchrun follow: this is node 0, which runs the flow "
+                "(and serves launches)"
             )
         log.info("launch %s: %s %s (%d shared files)", last, spec.module, " ".join(spec.args), len(launch["files"]))
         try:
@@ -402,7 +404,9 @@ def follow(*, environ: Mapping[str, str] | None = None, log: logging.Logger, tim
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftsmith.engines.torchrun", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m draftsmith.drafters.training.torchrun", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("follow", help="run node 0's torchrun launches on this node (nodes 1..n-1)")
     cmd.add_argument("--timeout-s", type=float, default=None, help="give up waiting for a launch after this")
