@@ -7,10 +7,14 @@
 Dispatch (`kernels.dispatch`): Triton on CUDA, the reference elsewhere, Triton on CPU under TRITON_INTERPRET=1.
 """
 
-from draftsmith.kernels.dispatch import choose, get_mode, set_mode, use
-from draftsmith.kernels.dyn_conv import dyn_conv
-from draftsmith.kernels.head_loss import HeadLossOut, Target, head_loss
-from draftsmith.kernels.rmsnorm import rms_norm
+# Only as `draftsmith.kernels`. A process started in the repository root (`python -c`, `python -m`) finds this
+# folder as a top-level `kernels` too, the name of the Hugging Face package that transformers imports to probe
+# for it; this is not that package, so under that name it stays an empty module the probe finds nothing in.
+if __name__ == "draftsmith.kernels":
+    from draftsmith.kernels.dispatch import choose, get_mode, set_mode, use
+    from draftsmith.kernels.dyn_conv import dyn_conv
+    from draftsmith.kernels.head_loss import HeadLossOut, Target, head_loss
+    from draftsmith.kernels.rmsnorm import rms_norm
 
 
 def source_modules() -> list:
