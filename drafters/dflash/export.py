@@ -206,8 +206,9 @@ def notes(engine: str) -> list[str]:
     return out
 
 
-def recognizes(config: dict) -> bool:
-    return (config.get("draftsmith") or {}).get("method") == METHOD
+def recognizes(config: dict, method: str = METHOD) -> bool:
+    """Block drafters' exports record their method in the `draftsmith` block."""
+    return (config.get("draftsmith") or {}).get("method") == method
 
 
 def extra_files(blobs: dict[str, bytes], run_dir: str, model: DFlashDrafter) -> dict[str, bytes]:

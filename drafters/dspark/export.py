@@ -109,14 +109,11 @@ def notes(engine: str) -> list[str]:
             "TokenSpeed's DSpark flags are not documented in the sources checked; "
             "the command reuses its EAGLE3/DFLASH flags with algorithm DSPARK, unverified."
         )
-        out.append("TokenSpeed's --speculative-config JSON schema is undocumented here; flags are printed instead.")
-    if engine == "sglang":
-        out.append("SGLang reads the block size from the draft config; verify the flags against your SGLang build.")
-    return out
+    return out + dflash_export.notes(engine)  # and what holds for every block drafter
 
 
 def recognizes(config: dict) -> bool:
-    return (config.get("draftsmith") or {}).get("method") == METHOD
+    return dflash_export.recognizes(config, METHOD)
 
 
 def extra_files(blobs: dict[str, bytes], run_dir: str, model: DSparkDrafter) -> dict[str, bytes]:
