@@ -19,7 +19,8 @@ from draftsmith import cli_baseline, cli_deploy, cli_eval, cli_speedup
 from draftsmith.core.config import PipelineConfig, RecipeError, load_recipe, note_overrides
 from draftsmith.core.redact import install_log_redaction, redact
 
-# Prefect gives its temporary server 20 s to start; on a loaded machine that is too short.
+# Prefect gives its temporary server 20 s to start; measured on 2 cores (benchmarks/prefect_startup.py) it took
+# 6-8 s at a load of about 3, 13 s at about 7 and 20 s at about 10: 120 s leaves room for six times the worst.
 EPHEMERAL_STARTUP_TIMEOUT_S = "120"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
