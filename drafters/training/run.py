@@ -89,6 +89,8 @@ def online_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
     Each window of arrivals is planned like an offline epoch, so a one-epoch window in store order trains
     exactly as the offline store does.
     """
+    if not job.producer_module:
+        raise ValueError("train job spec: an online run needs producer_module (the train stage writes it)")
     hidden_cfg = HiddenStatesConfig.model_validate(job.hidden_cfg)
     target = TargetConfig.model_validate(job.target)
     tokens = StageManifest.model_validate(job.tokens)
