@@ -8,6 +8,7 @@ every process of a run (the CLI, Prefect workers, torchrun ranks, producers):
 - `DRAFTSMITH_PLUGINS` names it (comma-separated module names), e.g. a family that lives in a checkout.
 """
 
+import functools
 import importlib
 import os
 from importlib.metadata import entry_points
@@ -17,10 +18,16 @@ GROUP = "draftsmith.plugins"
 _loaded: set[str] = set()
 
 
+@functools.cache
+def _entry_point_modules() -> tuple[str, ...]:
+    # Reading the installed packages' metadata takes milliseconds, and registry look-ups call `load` often;
+    # what is installed does not change while a process runs.
+    return tuple(ep.value for ep in entry_points(group=GROUP))
+
+
 def load() -> None:
     """Import every plugin not imported yet (cheap once they are)."""
-    names = [ep.value for ep in entry_points(group=GROUP)]
-    names += [n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip()]
+    names = [*_entry_point_modules(), *(n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip())]
     for name in names:
         if name in _loaded:
             continue

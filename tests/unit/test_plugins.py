@@ -17,6 +17,7 @@ def test_modules_named_by_the_variable_and_the_entry_points_are_imported_once(tm
     monkeypatch.setenv(plugins.ENV, " plugin_a , ")
     monkeypatch.setattr(plugins, "entry_points", lambda group: [SimpleNamespace(value="plugin_b")])
     monkeypatch.setattr(plugins, "_loaded", set())
+    plugins._entry_point_modules.cache_clear()
     plugins.load()
     plugins.load()
     import builtins
@@ -24,6 +25,7 @@ def test_modules_named_by_the_variable_and_the_entry_points_are_imported_once(tm
     assert builtins.PLUGIN_A == 1 and builtins.PLUGIN_B is True
     monkeypatch.delattr(builtins, "PLUGIN_A")
     monkeypatch.delattr(builtins, "PLUGIN_B")
+    plugins._entry_point_modules.cache_clear()  # the next test sees the real entry points
 
 
 def test_a_plugin_that_cannot_be_imported_is_named(monkeypatch):
