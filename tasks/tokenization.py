@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftsmith.core import storage, tensorio
+from draftsmith.core import runlock, storage, tensorio
 from draftsmith.core.caching import stage_task
 from draftsmith.core.codehash import code_digest
 from draftsmith.core.config import TargetConfig, TokenizeConfig
@@ -133,7 +133,11 @@ def _source_fingerprint(url: str) -> str:
 def _cache_uri(cfg: TokenizeConfig, out_uri: str) -> str | None:
     if cfg.cache_uri is not None:
         return cfg.cache_uri or None
-    return storage.join(out_uri.rstrip("/").rsplit("/", 1)[0], ".cache", STAGE)
+    own = storage.join(out_uri.rstrip("/").rsplit("/", 1)[0], ".cache", STAGE)
+    # The run's own cache has the run's one writer: a killed write's temp file is ours to remove. A cache
+    # named in the recipe may be shared by runs writing now, so it is left alone.
+    runlock.remove_stale_temps(own)
+    return own
 
 
 _CODE = [sys.modules[__name__], renderers, token_rows, token_cache, token_encode]
