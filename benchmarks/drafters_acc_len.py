@@ -65,7 +65,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(KINDS), help="comma-separated drafter kinds")
     parser.add_argument("--run-root", default="runs")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # force: importing prefect installs its own root handler at WARNING, which would hide this progress
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
     overrides = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
     cfgs = {k: load_recipe(RECIPES / f"smollm2-cpu-{k}.yaml", overrides) for k in args.only.split(",")}
     up = _upstream(cfgs, args.run_root)

@@ -250,7 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # force: importing prefect installs its own root handler at WARNING, which would hide this progress
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
     cfgs = load_configs(args)
     up = corpus(next(iter(cfgs.values())), args.run_root)
     rows: list[dict] = []

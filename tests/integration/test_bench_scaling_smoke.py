@@ -1,5 +1,5 @@
-"""`benchmarks.scaling` end to end at toy sizes on the tiny target: a chain and a block drafter (EAGLE-3 and
-DSpark), three nested data sizes.
+"""`benchmarks.scaling` (and `benchmarks.ablation` on its data) end to end at toy sizes on the tiny target:
+a chain and a block drafter (EAGLE-3 and DSpark), three nested data sizes.
 
 The benchmark runs as a user runs it (`python -m benchmarks.scaling` from the repository root) with the tiny
 recipe's drafter section swapped per family; DFlash2 takes the same path (its stages are covered by
@@ -104,6 +104,39 @@ def test_two_families_three_sizes(tmp_path):
     # corpus (select, regenerate); per size: subset, tokenize, shared store, and train + evaluate per family
     assert len(before) >= 2 + len(SIZES) * (3 + 2 * len(FAMILIES))
     assert json.loads((tmp_path / "s.json").read_text())["rows"] == rows
+
+    _ablation_on_the_same_data(tmp_path, template, before)
+
+
+def _ablation_on_the_same_data(tmp_path: Path, template: str, before: dict[str, str]) -> None:
+    """`benchmarks.ablation` on one of those sizes: it reads the scaling run's data and DSpark training
+    (copied, not trained again), trains only the new variant, and reports the confidence head's ECE."""
+    cmd = [
+        sys.executable, "-m", "benchmarks.ablation", "--family", "dspark", "--only", "reference,earlier",
+        "--size", "4", "--scaling-sizes", ",".join(map(str, SIZES)), "--epochs", "1", "--recipe-template", template,
+        "--run-root", str(tmp_path / "runs"), "--json", str(tmp_path / "a.json"),
+        "--set", "select.num_eval=2", "--set", "evaluate.max_new_tokens=8",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {x["variant"]: x for x in json.loads((tmp_path / "a.json").read_text())["rows"]}
+    assert list(rows) == ["reference", "earlier"]
+    assert rows["earlier"]["overrides"] == {
+        "drafter.partial_blocks": False, "drafter.target_vocab": "draft", "drafter.init_std": None
+    }  # fmt: skip
+    for x in rows.values():
+        assert x["mismatched_outputs"] == 0 and 1.0 <= x["acc_len"] <= 5.0
+        assert 0.0 <= x["ece_before"] <= 1.0 and 0.0 <= x["ece_after"] <= 1.0
+    after = _manifests(tmp_path / "runs")
+    assert {k: v for k, v in after.items() if k in before} == before  # no upstream stage computed again
+    new = sorted(k for k in after if k not in before)
+    assert new == [
+        "n4/dspark-earlier/evaluate/manifest.json", "n4/dspark-earlier/train/manifest.json",
+        "n4/dspark-reference/evaluate/manifest.json", "n4/dspark-reference/train/manifest.json",
+    ]  # fmt: skip
+    # The reference's training is the scaling run's, byte for byte (its manifest was copied and accepted).
+    assert after["n4/dspark-reference/train/manifest.json"] == before["n4/dspark/train/manifest.json"]
+    assert rows["reference"]["overrides"] == {} and "earlier" in proc.stdout
 
 
 def test_expected_accepted_and_fits():
