@@ -2,20 +2,21 @@
 
 Shapes (the ones used to compare with vllm-project/speculators): sequence 1024, batch 1, target hidden 576,
 vocabulary 49152, fp32, fused AdamW, 2 threads. EAGLE-3: 3 taps, one layer (intermediate 1536, 9 heads, 3 KV
-heads), draft vocabulary 8192, TTT 3 and 7. DFlash: 5 taps, 5 layers of the same width, block 8, 64 anchors,
-the target's frozen lm_head. DSpark: the same backbone, block 7, its default heads and loss mix.
+heads), draft vocabulary 8192, TTT 3 and 7. DFlash: 5 taps, 5 layers of the same width, block 8, 64 anchors
+(`--anchors`; the peer's default is 512), the target's frozen lm_head. DSpark: the same backbone, block 7, its
+default heads and loss mix.
 
 The reference step (`old`) is what the trainer ran before the fast paths: head losses by plain autograd
-(`kernels` mode `reference`), EAGLE-3's full-vocabulary `draftable` argmax and per-depth target logits, and the
-full-softmax TTT attention. The fast step (`new`) is today's default; for EAGLE-3 `new 1st epoch` clears the
-per-sample argmax cache before every step (a sample's first visit) and `new frozen head` adds
-`freeze_lm_head`. Every variant trains its own copy of one initial model; the variants run in turn within each
-round, so machine load hits all of them alike. tokens/s is the median over rounds; GFLOP per step is
-FlopCounterMode's forward + backward count
+(`kernels` mode `reference`), EAGLE-3's full-vocabulary `draftable` argmax and per-depth target logits, the
+full-softmax TTT attention, and the block drafters' dense attention over every block's keys. The fast step
+(`new`) is today's default; for EAGLE-3 `new 1st epoch` clears the per-sample argmax cache before every step
+(a sample's first visit) and `new frozen head` adds `freeze_lm_head`. Every variant trains its own copy of one
+initial model; the variants run in turn within each round, so machine load hits all of them alike. tokens/s is
+the median over rounds; GFLOP per step is FlopCounterMode's forward + backward count
 (`draftsmith.drafters.training.flops.flop_counter`: torch's CPU flash attention counted like SDPA).
 
-`python -m benchmarks.train_step [--rounds 5] [--only eagle3-ttt3,dflash] [--quick]` (quick: toy sizes, a smoke
-test, figures not meaningful).
+`python -m benchmarks.train_step [--rounds 5] [--only eagle3-ttt3,dflash-block8] [--anchors 512] [--quick]`
+(quick: toy sizes, a smoke test, figures not meaningful).
 """
 
 import argparse
@@ -31,6 +32,8 @@ import torch
 from draftsmith import kernels
 from draftsmith.core.config import Eagle3Config
 from draftsmith.drafters import vocab
+from draftsmith.drafters.dflash import block_attention
+from draftsmith.drafters.dflash import layers as dflash_layers
 from draftsmith.drafters.dflash.loss import dflash_objective
 from draftsmith.drafters.dflash.model import DFlashDrafter
 from draftsmith.drafters.dflash.spec import DFlashSpec
@@ -89,16 +92,19 @@ class Variant:
 
 @contextlib.contextmanager
 def reference_step() -> Iterator[None]:
-    """Plain-autograd head losses and the full-softmax TTT attention, as the trainer ran before."""
-    real = chain_attention.chain_attention
+    """Plain-autograd head losses, the full-softmax TTT attention and the block drafters' dense attention over
+    every block's keys, as the trainer ran before."""
+    real, real_block = chain_attention.chain_attention, dflash_layers.block_attention
     from draftsmith.drafters.eagle3 import model as eagle3_model
 
     eagle3_model.chain_attention = chain_attention.chain_attention_reference
+    dflash_layers.block_attention = block_attention.block_attention_reference
     try:
         with kernels.use("reference"):
             yield
     finally:
         eagle3_model.chain_attention = real
+        dflash_layers.block_attention = real_block
 
 
 def _batch(sh: Shapes, taps: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -220,10 +226,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default="", help="Comma-separated cases (default: all).")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--anchors", type=int, default=Shapes.anchors, help="Anchors per sequence, block drafters.")
     parser.add_argument("--quick", action="store_true", help="Toy sizes (smoke test); figures not meaningful.")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sh = QUICK if args.quick else Shapes()
+    sh = QUICK if args.quick else Shapes(anchors=args.anchors)
     table = cases(sh)
     chosen = [c for c in args.only.split(",") if c] or list(table)
     print(f"{'case':<15}{'variant':<17}{'tok/s':>8}{'s/step':>8}{'GFLOP':>8}{'x old':>7}")

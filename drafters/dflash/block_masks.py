@@ -12,6 +12,8 @@ Shape legend: B batch, N blocks per row, Q queries, K keys.
 
 import torch
 
+from draftsmith.drafters.dflash.block_attention import SplitMask
+
 
 def train_mask(
     anchors_BN: torch.Tensor, keep_BN: torch.Tensor, ctx_len: int, block: int, window: int | None, causal: bool
@@ -54,3 +56,28 @@ def decode_mask(
         ctx = ctx & (ctx_positions_K[None, :] > q - window)
         blk = blk & (block_positions_Q[None, :] > q - window)
     return torch.cat([ctx, blk], dim=1)[None, None]
+
+
+def split_train_mask(
+    anchors_BN: torch.Tensor, keep_BN: torch.Tensor, ctx_len: int, block: int, window: int | None, causal: bool
+) -> SplitMask:
+    """`train_mask` in two parts (`block_attention.SplitMask`): the context part `[B, 1, N*block, ctx_len]` and
+    each block's own part `[B, 1, N, block, block]`; `.dense()` is `train_mask`."""
+    B, N = anchors_BN.shape
+    dev = anchors_BN.device
+    slot = torch.arange(block, device=dev)
+    q_pos = (anchors_BN[:, :, None] + slot).reshape(B, N * block)  # [B, Q]
+    q_anchor = anchors_BN.repeat_interleave(block, dim=1)  # [B, Q]
+    ctx_pos = torch.arange(ctx_len, device=dev)
+    ctx = ctx_pos[None, None, :] < q_anchor[:, :, None]  # [B, Q, S]
+    own = torch.ones(block, block, dtype=torch.bool, device=dev)  # [query slot, key slot], same anchor
+    if causal:
+        own = own & (slot[None, :] <= slot[:, None])
+    if window is not None:
+        ctx = ctx & (ctx_pos[None, None, :] > q_pos[:, :, None] - window)
+        own = own & (slot[None, :] > slot[:, None] - window)
+    kept = keep_BN.bool()  # [B, N]
+    ctx = ctx & kept.repeat_interleave(block, dim=1)[:, :, None]
+    eye = torch.eye(block, dtype=torch.bool, device=dev)
+    own = torch.where(kept[:, :, None, None], own, eye)  # [B, N, b, b]
+    return SplitMask(ctx[:, None], own[:, None])

@@ -11,6 +11,7 @@ d head width, G conv groups, T conv taps.
 import torch
 from torch import nn
 
+from draftsmith.drafters.dflash.block_attention import SplitMask, block_attention
 from draftsmith.drafters.dflash.spec import DFlashSpec
 from draftsmith.drafters.layers import RMSNorm, RopeScaling, apply_rope, rope_tables
 from draftsmith.drafters.mla import MLASpec, MLAttention
@@ -52,22 +53,23 @@ class DFlashGQA(nn.Module):
         x_BQH: torch.Tensor,
         positions: torch.Tensor,
         ctx_kv: tuple[torch.Tensor, torch.Tensor],
-        mask_B1QK: torch.Tensor,
+        mask_B1QK: torch.Tensor | SplitMask,
     ) -> torch.Tensor:
-        """`[B, Q, H]`: the block attends over `[ctx | block]` keys where `mask_B1QK` is True."""
+        """`[B, Q, H]`: the block attends over `[ctx | block]` keys where the mask is True (a dense
+        `[B, 1, Q, K]` bool, or a packed training mask in its two parts)."""
         B, Q, _ = x_BQH.shape
         cos, sin = self._rope(_positions_BS(positions, B))
-        q = self.q_norm(self.q_proj(x_BQH).view(B, Q, self.h, self.d)).transpose(1, 2)
+        q = apply_rope(self.q_norm(self.q_proj(x_BQH).view(B, Q, self.h, self.d)).transpose(1, 2), cos, sin)
         k, v = self.kv(x_BQH, positions)
-        k, v = torch.cat([ctx_kv[0], k], dim=2), torch.cat([ctx_kv[1], v], dim=2)
         rep = self.h // self.g
-        out = nn.functional.scaled_dot_product_attention(
-            apply_rope(q, cos, sin),
-            k.repeat_interleave(rep, dim=1),
-            v.repeat_interleave(rep, dim=1),
-            attn_mask=mask_B1QK,
-            scale=self.scaling,
-        )
+        if isinstance(mask_B1QK, SplitMask):
+            ck, cv = (t.repeat_interleave(rep, dim=1) for t in ctx_kv)
+            bk, bv = (t.repeat_interleave(rep, dim=1) for t in (k, v))
+            out = block_attention(q, ck, cv, bk, bv, mask_B1QK, self.scaling)
+        else:
+            k, v = torch.cat([ctx_kv[0], k], dim=2), torch.cat([ctx_kv[1], v], dim=2)
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1QK, scale=self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, self.h * self.d))
 
 
@@ -100,9 +102,11 @@ class DFlashMLA(MLAttention):
         x_BQH: torch.Tensor,
         positions: torch.Tensor,
         ctx_kv: tuple[torch.Tensor, torch.Tensor],
-        mask_B1QK: torch.Tensor,
+        mask_B1QK: torch.Tensor | SplitMask,
     ) -> torch.Tensor:
         B, Q, _ = x_BQH.shape
+        if isinstance(mask_B1QK, SplitMask):  # q/k and v widths differ: the flash merge does not apply
+            mask_B1QK = mask_B1QK.dense()
         q, k, v = self.project(x_BQH, positions)
         k, v = torch.cat([ctx_kv[0], k], dim=2), torch.cat([ctx_kv[1], v], dim=2)
         out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1QK, scale=self.scaling)

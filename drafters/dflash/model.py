@@ -13,7 +13,8 @@ Q queries, K keys, V target vocabulary, Vd draft vocabulary.
 import torch
 from torch import nn
 
-from draftsmith.drafters.dflash.block_masks import decode_mask, train_mask
+from draftsmith.drafters.dflash.block_attention import SplitMask
+from draftsmith.drafters.dflash.block_masks import decode_mask, split_train_mask
 from draftsmith.drafters.dflash.layers import DFlashGQA, DFlashMLA, GroupedConv
 from draftsmith.drafters.dflash.selector import CandidateSelector
 from draftsmith.drafters.dflash.spec import DFlashSpec
@@ -99,7 +100,7 @@ class DFlashDrafter(nn.Module):
         return [layer.context_kv(x, positions_BS) for layer in self.layers]
 
     def blocks(
-        self, ids_BQ: torch.Tensor, positions_BQ: torch.Tensor, ctx_kv: list[KV], masks: list[torch.Tensor]
+        self, ids_BQ: torch.Tensor, positions_BQ: torch.Tensor, ctx_kv: list[KV], masks: list[torch.Tensor | SplitMask]
     ) -> torch.Tensor:
         """`[B, Q, H]` after the final norm; `masks` per layer `[B, 1, Q, Kc + Q]` bool over `[ctx | queries]`."""
         x = self.embed_tokens(ids_BQ)
@@ -129,7 +130,8 @@ class DFlashDrafter(nn.Module):
     ) -> torch.Tensor:
         """`[B, N, block, H]`: every anchor's block in one packed forward after the whole context.
 
-        Block n sees context taps at positions < its anchor; per layer the masks of `block_masks.train_mask`.
+        Block n sees context taps at positions < its anchor; per layer the masks of `block_masks.train_mask`,
+        kept in their context and own-block parts (`block_attention`).
         Equal, block by block, to `blocks` over `context_kv(taps < a)` with `decode_masks` (tested).
         """
         B, S = input_ids_BS.shape
@@ -142,7 +144,7 @@ class DFlashDrafter(nn.Module):
         for i in range(self.spec.num_layers):
             kind = self.spec.layer_attention(i)
             if kind not in cache:
-                cache[kind] = train_mask(anchors_BN, keep_BN, S, block, *kind)
+                cache[kind] = split_train_mask(anchors_BN, keep_BN, S, block, *kind)
             masks.append(cache[kind])
         return self.blocks(ids, positions, ctx_kv, masks).view(B, N, block, -1)
 
