@@ -1,7 +1,7 @@
 """Ablation benchmark: one drafter family trained once per setting on the same data, acceptance and calibration.
 
 Each variant is a set of recipe overrides. Every variant trains on the same data as `benchmarks.scaling`
-(its corpus, one of its nested sizes, its capture store, the same epochs and warm-up rule) and is evaluated
+(its corpus, one of its nested sizes, its capture store, the same step budget and warm-up rule) and is evaluated
 greedily on the held-out prompts; DSpark also runs the recipe's confidence calibration pass (on the built-in
 suites' prompts) and reports the ECE of its confidence head. `reference` is the recipe unchanged; when the
 scaling run trained that family with the same settings, its training folder is copied (same key, so it is not
@@ -13,13 +13,13 @@ Presets (`--family`):
   `drafter.init_std`, all defaulting to DeepSpec's choices), each set to the earlier choice alone, and
   `earlier`, all three at once (DSpark as it was before the switches);
 - `eagle3`: regularisers against the one-layer drafter's over-fitting: AdamW weight decay, a frozen output
-  head, a narrower MLP and fewer epochs.
+  head, a narrower MLP and a lower learning rate.
 
 `--variant NAME:KEY=VALUE,KEY=VALUE` adds a variant (values are YAML). Reported per variant: acc_len,
 expected accepted tokens per round, per-position acceptance, ECE of the confidence survival product before
 and after temperature scaling and AUROC (DSpark), train seconds. Every stage is cached under
 `--run-root/n<N>/<family>-<variant>/`; a rerun prints the saved figures.
-Usage: `python -m benchmarks.ablation [--family dspark] [--size 256] [--epochs 3] [--only reference,earlier]`.
+Usage: `python -m benchmarks.ablation [--family dspark] [--size 400] [--steps 100] [--only reference,earlier]`.
 """
 
 import argparse
@@ -53,7 +53,7 @@ PRESETS: dict[str, dict[str, dict]] = {
         "weight-decay": {"train.weight_decay": 0.1},
         "frozen-head": {"drafter.freeze_lm_head": True},
         "narrow-mlp": {"drafter.intermediate_size": 768},
-        "half-epochs": {},  # filled in from --epochs
+        "lower-lr": {"train.lr": 0.001},
     },
 }
 
@@ -69,7 +69,7 @@ def variant_config(args: argparse.Namespace, overrides: dict) -> PipelineConfig:
         path,
         {
             "select.num_prompts": max(scaling.parse_sizes(args.scaling_sizes)) + num_eval,
-            "train.epochs": args.epochs,
+            **({"train.epochs": args.epochs} if args.epochs is not None else {}),
             "evaluate.suites": [],
             "evaluate.held_out": True,
             "evaluate.batch_size": args.eval_batch,
@@ -98,8 +98,7 @@ def run_variant(name: str, overrides: dict, up: dict, args: argparse.Namespace) 
     tokens = tokenize(c.tokenize, c.target, convs, out_uri=f"{run}/tokenize")
     store = store_folder(args, c, run)
     hidden = capture_hidden_states(c.hidden_states, c.target, tokens, out_uri=store)
-    warm = scaling.warmup_for(c, tokens, args.warmup_cap)
-    c = c.model_copy(update={"train": c.train.model_copy(update={"warmup_steps": warm})})
+    c = scaling.budget(c, tokens, args)
     fam = storage.join(run, f"{args.family}-{name}")
     record_recipe(c, fam)
     if name == "reference":
@@ -155,16 +154,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--family", default="dspark", choices=sorted(PRESETS), help="drafter family and its preset")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...", help="another variant")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as the scaling run's --set")
-    p.add_argument("--size", type=int, default=256, help="training prompts (a nested size of the scaling corpus)")
-    p.add_argument("--scaling-sizes", default="16,64,256", help="the scaling run's --sizes (its corpus size)")
-    p.add_argument("--epochs", type=int, default=3, help="train.epochs, as in the scaling run")
+    p.add_argument("--size", type=int, default=400, help="training prompts (a nested size of the scaling corpus)")
+    p.add_argument("--scaling-sizes", default="40,128,400", help="the scaling run's --sizes (its corpus size)")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps (epochs follow), as in the scaling run")
+    p.add_argument("--epochs", type=int, default=None, help="instead of --steps: train.epochs")
     p.add_argument("--only", default=None, help="comma-separated variants (default: all)")
     p.add_argument("--recipe-template", default=scaling.RECIPE_TEMPLATE, help="recipe path with {kind}")
     p.add_argument("--warmup-cap", type=float, default=0.1, help="warm-up at most this share of the steps")
     p.add_argument("--eval-batch", type=int, default=8, help="held-out prompts decoded together")
     p.add_argument("--run-root", default="runs/scaling")
     p.add_argument("--json", default=None, help="default: <run-root>/ablation-<family>.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.epochs is not None:
+        args.steps = None
+    return args
 
 
 def usage_error(message: str) -> None:
@@ -174,8 +177,6 @@ def usage_error(message: str) -> None:
 
 def variants(args: argparse.Namespace) -> dict[str, dict]:
     out = dict(PRESETS[args.family])
-    if "half-epochs" in out:
-        out["half-epochs"] = {"train.epochs": max(1, args.epochs // 2)}
     for text in args.variant:
         name, sep, body = text.partition(":")
         if not sep or not name:
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(run_variant(name, overrides, up, args))
         log.info("%s: acc_len %.3f", name, rows[-1]["acc_len"])
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        report = {"family": args.family, "size": args.size, "epochs": args.epochs, "rows": rows}
+        report = {"family": args.family, "size": args.size, "steps": args.steps, "epochs": args.epochs, "rows": rows}
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print("\n" + table(rows))
     print(f"json: {args.json}")

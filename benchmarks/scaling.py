@@ -3,9 +3,11 @@
 One corpus is selected and regenerated once (the largest size plus the held-out prompts). Each smaller
 training set is a nested subset of it: the regenerated conversations are ordered by a stable hash of their
 id and the first N kept, so every smaller set lies inside every larger one. For each size every family
-tokenizes, captures (a store shared by families whose `hidden_states` sections agree), trains the same
-epochs over the same samples with the same `train` section, and is evaluated greedily on the held-out
-prompts with real speculative decoding against the target.
+tokenizes, captures (a store shared by families whose `hidden_states` sections agree), trains over the same
+samples with the same `train` section and the same budget, and is evaluated greedily on the held-out prompts
+with real speculative decoding against the target. The budget is about `--steps` optimizer steps at every
+size (the epochs follow from the size's tokens), so a larger set means more distinct data, not more updates;
+`--epochs` fixes the epochs instead.
 
 Reported per size and family: supervised (loss) tokens, acc_len, the expected accepted tokens per round from
 the per-position acceptance (all drafts, and the first `--depth` drafts, for a like-for-like look at
@@ -14,7 +16,7 @@ least-squares line acc_len = a + b·log2(tokens) gives the gain per doubling of 
 says where the measured curves change order and where the fitted lines meet.
 
 Every stage is cached under `--run-root` (`corpus/` and `n<N>/`), so a rerun only redoes what changed.
-Usage: `python -m benchmarks.scaling [--sizes 16,64,256] [--epochs 3] [--families eagle3,dspark]`.
+Usage: `python -m benchmarks.scaling [--sizes 40,128,400] [--steps 100 | --epochs 3] [--families eagle3,dspark]`.
 """
 
 import argparse
@@ -48,8 +50,9 @@ log = logging.getLogger("scaling")
 
 
 def load_configs(args: argparse.Namespace) -> dict[str, PipelineConfig]:
-    """Each family's recipe with the benchmark's overrides: enough prompts for the largest size, the same
-    epochs, held-out prompts only (no built-in suites, no DSpark calibration pass) and the `--set` values."""
+    """Each family's recipe with the benchmark's overrides: enough prompts for the largest size, `--epochs`
+    when given (else each size's epochs follow from `--steps`), held-out prompts only (no built-in suites, no
+    DSpark calibration pass) and the `--set` values."""
     sizes = parse_sizes(args.sizes)
     base = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
     cfgs = {}
@@ -58,7 +61,7 @@ def load_configs(args: argparse.Namespace) -> dict[str, PipelineConfig]:
         num_eval = load_recipe(path, base).select.num_eval
         overrides = {
             "select.num_prompts": max(sizes) + num_eval,
-            "train.epochs": args.epochs,
+            **({"train.epochs": args.epochs} if args.epochs is not None else {}),
             "evaluate.suites": [],
             "evaluate.held_out": True,
             "evaluate.calibration_prompts": 0,
@@ -109,6 +112,23 @@ def subset(conversations: StageManifest, n: int, out_uri: str) -> StageManifest:
     return run_stage("regenerate", out_uri, key, compute)
 
 
+def epochs_for(c: PipelineConfig, tokens: StageManifest, steps: int | None) -> int:
+    """`train.epochs` for about `steps` optimizer steps over this size's tokens (the recipe's with `steps`
+    None). A fixed step budget keeps a small set from being compared after a handful of updates: at 3 epochs
+    and 1024-token batches, 64 prompts train 12 steps and no family learns anything."""
+    t = c.train
+    if steps is None:
+        return t.epochs
+    return max(1, round(steps * t.batch_tokens * t.grad_accum / tokens.counts["tokens"]))
+
+
+def budget(c: PipelineConfig, tokens: StageManifest, args: argparse.Namespace) -> PipelineConfig:
+    """`c` with this size's epochs (`--steps`) and the warm-up cut to `--warmup-cap` of its steps."""
+    c = c.model_copy(update={"train": c.train.model_copy(update={"epochs": epochs_for(c, tokens, args.steps)})})
+    warm = warmup_for(c, tokens, args.warmup_cap)
+    return c.model_copy(update={"train": c.train.model_copy(update={"warmup_steps": warm})})
+
+
 def warmup_for(c: PipelineConfig, tokens: StageManifest, cap: float) -> int:
     """The recipe's warm-up, shortened to at most `cap` of the planned steps: a small set trains only a few
     steps, and a warm-up longer than the run would never reach the peak learning rate."""
@@ -127,19 +147,17 @@ def run_size(cfgs: dict[str, PipelineConfig], up: dict, n: int, args: argparse.N
     for kind, c in cfgs.items():
         owner = next(k for k, o in cfgs.items() if o.hidden_states == c.hidden_states)
         hidden = capture_hidden_states(c.hidden_states, c.target, tokens, out_uri=f"{run}/hidden_states-{owner}")
-        c = c.model_copy(
-            update={"train": c.train.model_copy(update={"warmup_steps": warmup_for(c, tokens, args.warmup_cap)})}
-        )
+        c = budget(c, tokens, args)
         fam = storage.join(run, kind)
         record_recipe(c, fam)  # `draftsmith export <run>` reads it
         ckpt = train(c.train, c.drafter, c.target, c.hidden_states, tokens, hidden, seed=c.seed, out_uri=f"{fam}/train")
         ev = evaluate(c.evaluate, c.drafter, c.target, up["select_prompts"], ckpt, out_uri=f"{fam}/evaluate")
-        rows.append(row_of(kind, n, tokens, ckpt, read_results(ev), args.depth, c.train.warmup_steps))
+        rows.append(row_of(kind, n, tokens, ckpt, read_results(ev), args.depth, c.train))
         log.info("n=%d %s: acc_len %.3f", n, kind, rows[-1]["acc_len"])
     return rows
 
 
-def row_of(kind: str, n: int, tokens: StageManifest, ckpt: StageManifest, res: dict, depth: int, warm: int) -> dict:
+def row_of(kind: str, n: int, tokens: StageManifest, ckpt: StageManifest, res: dict, depth: int, t) -> dict:
     benches = res["benches"]
     return {
         "family": kind,
@@ -149,7 +167,8 @@ def row_of(kind: str, n: int, tokens: StageManifest, ckpt: StageManifest, res: d
         "tokens": tokens.counts["tokens"],
         "padded_tokens": ckpt.counts.get("padded_tokens"),
         "steps": ckpt.counts.get("steps"),
-        "warmup_steps": warm,
+        "epochs": t.epochs,
+        "warmup_steps": t.warmup_steps,
         "train_seconds": round(ckpt.seconds, 1),
         "drafts_per_round": res["draft_tokens_per_round"],
         "acc_len": res["acc_len"]["overall"],
@@ -219,6 +238,7 @@ def write(rows: list[dict], args: argparse.Namespace, cfgs: dict[str, PipelineCo
     report = {
         "families": list(cfgs),
         "epochs": args.epochs,
+        "steps": args.steps,
         "recipes": {k: c.name for k, c in cfgs.items()},
         "depth": args.depth,
         "rows": rows,
@@ -234,8 +254,9 @@ def write(rows: list[dict], args: argparse.Namespace, cfgs: dict[str, PipelineCo
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="16,64,256", help="training prompt counts (nested subsets of one corpus)")
-    p.add_argument("--epochs", type=int, default=3, help="train.epochs for every size and family")
+    p.add_argument("--sizes", default="40,128,400", help="training prompt counts (nested subsets of one corpus)")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps per size and family (epochs follow)")
+    p.add_argument("--epochs", type=int, default=None, help="instead of --steps: train.epochs for every size")
     p.add_argument("--families", default=",".join(KINDS), help="comma-separated drafter kinds")
     p.add_argument("--recipe-template", default=RECIPE_TEMPLATE, help="recipe path with {kind}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override in all recipes")
@@ -245,7 +266,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-root", default="runs/scaling")
     p.add_argument("--json", default="runs/scaling/scaling.json")
     p.add_argument("--png", default="runs/scaling/scaling.png")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.epochs is not None:
+        args.steps = None
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -150,3 +150,16 @@ def test_expected_accepted_and_fits():
     (tie,) = fit.crossings([1, 2, 4], {"a": [1.0, 1.0, 1.2], "b": [1.0, 1.1, 1.1]}, fits)
     assert tie["measured_between"] == [[2, 4]] and tie["ahead_at_largest"] == "a"
     assert c["fitted_meet_tokens"] == 3  # 1.0 + 0.1·log2 x = 1.1 + 0.025·log2 x at log2 x = 4/3: x = 2.52
+
+
+def test_step_budget_sets_each_sizes_epochs():
+    from types import SimpleNamespace
+
+    from benchmarks import scaling
+
+    c = SimpleNamespace(train=SimpleNamespace(epochs=8, batch_tokens=1024, grad_accum=1))
+    small, large = (SimpleNamespace(counts={"tokens": t}) for t in (4096, 102400))
+    assert scaling.epochs_for(c, small, 100) == 25  # 4 batches an epoch
+    assert scaling.epochs_for(c, large, 100) == 1  # 100 batches an epoch
+    assert scaling.epochs_for(c, SimpleNamespace(counts={"tokens": 10**7}), 100) == 1  # never 0
+    assert scaling.epochs_for(c, small, None) == 8  # --epochs given: the recipe's (overridden) epochs
