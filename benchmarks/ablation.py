@@ -2,10 +2,11 @@
 
 Each variant is a set of recipe overrides. Every variant trains on the same data as `benchmarks.scaling`
 (its corpus, one of its nested sizes, its capture store, the same step budget and warm-up rule) and is evaluated
-greedily on the held-out prompts; DSpark also runs the recipe's confidence calibration pass (on the built-in
-suites' prompts) and reports the ECE of its confidence head. `reference` is the recipe unchanged; when the
-scaling run trained that family with the same settings, its training folder is copied (same key, so it is not
-trained again).
+greedily on the held-out prompts; for DSpark it reports the ECE and AUROC of the raw confidence head's survival
+product on those prompts, and with `--calibrate` also runs the recipe's calibration pass (on the built-in
+suites' prompts) and the dynamic pass, for the ECE after temperature scaling (about 2.3 times the decoding).
+`reference` is the recipe unchanged; when the scaling run trained that family with the same settings, its
+training folder is copied (same key, so it is not trained again).
 
 Presets (`--family`):
 
@@ -17,7 +18,7 @@ Presets (`--family`):
 
 `--variant NAME:KEY=VALUE,KEY=VALUE` adds a variant (values are YAML). Reported per variant: acc_len,
 expected accepted tokens per round, per-position acceptance, ECE of the confidence survival product before
-and after temperature scaling and AUROC (DSpark), train seconds. Every stage is cached under
+and (with `--calibrate`) after temperature scaling and AUROC (DSpark), train seconds. Every stage is cached under
 `--run-root/n<N>/<family>-<variant>/`; a rerun prints the saved figures.
 Usage: `python -m benchmarks.ablation [--family dspark] [--size 400] [--steps 100] [--only reference,earlier]`.
 """
@@ -73,6 +74,7 @@ def variant_config(args: argparse.Namespace, overrides: dict) -> PipelineConfig:
             "evaluate.suites": [],
             "evaluate.held_out": True,
             "evaluate.batch_size": args.eval_batch,
+            **({} if args.calibrate else {"evaluate.calibration_prompts": 0}),
         }
         | base
         | overrides,
@@ -107,6 +109,7 @@ def run_variant(name: str, overrides: dict, up: dict, args: argparse.Namespace) 
     ev = evaluate(c.evaluate, c.drafter, c.target, up["select_prompts"], ckpt, out_uri=f"{fam}/evaluate")
     res = read_results(ev)
     conf = res.get("confidence") or {}
+    raw = res.get("confidence_raw") or {}
     return {
         "variant": name,
         "overrides": overrides,
@@ -116,9 +119,9 @@ def run_variant(name: str, overrides: dict, up: dict, args: argparse.Namespace) 
         "acc_len": res["acc_len"]["overall"],
         "expected_accepted": round(fit.bench_expectations(res["benches"]), 4),
         "position_accept": res["benches"][0]["position_accept"],
-        "ece_before": conf.get("ece_before"),
+        "ece_before": conf.get("ece_before", raw.get("ece")),
         "ece_after": conf.get("ece_after"),
-        "auroc_before": conf.get("auroc_before"),
+        "auroc_before": conf.get("auroc_before", raw.get("auroc")),
         "mismatched_outputs": res["mismatched_outputs"],
     }
 
@@ -161,6 +164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default=None, help="comma-separated variants (default: all)")
     p.add_argument("--recipe-template", default=scaling.RECIPE_TEMPLATE, help="recipe path with {kind}")
     p.add_argument("--warmup-cap", type=float, default=0.1, help="warm-up at most this share of the steps")
+    p.add_argument(
+        "--calibrate", action="store_true", help="DSpark: also the calibration and dynamic passes (ECE after)"
+    )
     p.add_argument("--eval-batch", type=int, default=8, help="held-out prompts decoded together")
     p.add_argument("--run-root", default="runs/scaling")
     p.add_argument("--json", default=None, help="default: <run-root>/ablation-<family>.json")
