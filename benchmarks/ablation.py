@@ -2,11 +2,12 @@
 
 Each variant is a set of recipe overrides. Every variant trains on the same data as `benchmarks.scaling`
 (its corpus, one of its nested sizes, its capture store, the same step budget and warm-up rule) and is evaluated
-greedily on the held-out prompts; for DSpark it reports the ECE and AUROC of the raw confidence head's survival
-product on those prompts, and with `--calibrate` also runs the recipe's calibration pass (on the built-in
-suites' prompts) and the dynamic pass, for the ECE after temperature scaling (about 2.3 times the decoding).
-`reference` is the recipe unchanged; when the scaling run trained that family with the same settings, its
-training folder is copied (same key, so it is not trained again).
+greedily on the held-out prompts. For DSpark it reports the ECE and AUROC of the raw confidence head's
+survival product on those prompts (from the evaluation's per-round records); `--calibrate` also runs the
+recipe's calibration pass (on the built-in suites' prompts) and the dynamic pass, for the ECE after
+temperature scaling (about 2.3 times the decoding).
+`reference` is the recipe unchanged; when the scaling run trained and evaluated that family with the same
+settings, its training and evaluation folders are copied (same keys, so neither is computed again).
 
 Presets (`--family`):
 
@@ -30,12 +31,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import torch
 import yaml
 
 from benchmarks import _scaling_fit as fit
 from benchmarks import scaling
 from draftsmith.core import storage
 from draftsmith.core.config import PipelineConfig, load_recipe, record_recipe
+from draftsmith.core.manifest import StageManifest
+from draftsmith.drafters import confidence as cal
 from draftsmith.tasks.evaluate import evaluate, read_results
 from draftsmith.tasks.hidden_states import capture_hidden_states
 from draftsmith.tasks.tokenization import tokenize
@@ -104,12 +108,13 @@ def run_variant(name: str, overrides: dict, up: dict, args: argparse.Namespace) 
     fam = storage.join(run, f"{args.family}-{name}")
     record_recipe(c, fam)
     if name == "reference":
-        reuse_training(storage.join(run, args.family, "train"), f"{fam}/train")
+        for stage in ("train", "evaluate"):
+            reuse_stage(storage.join(run, args.family, stage), f"{fam}/{stage}")
     ckpt = train(c.train, c.drafter, c.target, c.hidden_states, tokens, hidden, seed=c.seed, out_uri=f"{fam}/train")
     ev = evaluate(c.evaluate, c.drafter, c.target, up["select_prompts"], ckpt, out_uri=f"{fam}/evaluate")
     res = read_results(ev)
     conf = res.get("confidence") or {}
-    raw = res.get("confidence_raw") or {}
+    raw = raw_confidence(ev)
     return {
         "variant": name,
         "overrides": overrides,
@@ -126,9 +131,20 @@ def run_variant(name: str, overrides: dict, up: dict, args: argparse.Namespace) 
     }
 
 
-def reuse_training(src: str, dst: str) -> None:
-    """Copy the scaling run's training folder of the family (a local run root only); the train stage then checks its
-    key and every file's digest as for any cached result, and trains when they do not match."""
+def raw_confidence(ev: StageManifest) -> dict:
+    """The raw confidence head's survival ECE and AUROC over the evaluation's rounds (its `prompts.jsonl`
+    holds each round's confidence logits and accepted count); `{}` for a drafter without confidences."""
+    rows = [json.loads(line) for line in storage.read_bytes(ev.path("prompts.jsonl")).decode().splitlines() if line]
+    records = [cal.ConfidenceRecord(torch.tensor(c), n) for r in rows for c, n in r.get("confidence") or []]
+    if not records:
+        return {}
+    m = cal.confidence_metrics(records)
+    return {"ece": m["ece"], "auroc": m["auroc"]}
+
+
+def reuse_stage(src: str, dst: str) -> None:
+    """Copy the scaling run's stage folder of the family (a local run root only); the stage then checks its key
+    and every file's digest as for any cached result, and computes afresh when they do not match."""
     if "://" in src or not Path(src, "manifest.json").exists() or Path(dst).exists():
         return
     shutil.copytree(src, dst)

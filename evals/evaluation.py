@@ -37,8 +37,7 @@ def evaluate_drafter(
     threshold: float = 0.5,
     progress: Progress | None = None,
 ) -> tuple[dict, list[dict], cal.Calibration | None]:
-    """`(report, rows, calibration)`: report = {"benches": [...], "dynamic": [...] (DSpark), "confidence": {...}};
-    a DSpark evaluation without calibration prompts has "confidence_raw" (the raw head's ECE and AUROC) instead.
+    """`(report, rows, calibration)`: report = {"benches": [...], "dynamic": [...] (DSpark), "confidence": {...}}.
     `progress` counts prompts decoded over every pass (DSpark: benchmarks, calibration, dynamic); without
     one, the terminal shows an `evaluate` bar of its own."""
     if progress is None:
@@ -60,10 +59,6 @@ def evaluate_drafter(
     results, rows = harness.run_benches(target, tok, decoder, benches, settings, eos, kind, progress.advance)
     report: dict = {"benches": results}
     records = _records(rows)
-    if records and not calib_benches:
-        # No calibration pass: the raw head's survival ECE and AUROC still cost nothing more.
-        raw = cal.confidence_metrics(records)
-        report["confidence_raw"] = {"eval_records": len(records), "ece": raw["ece"], "auroc": raw["auroc"]}
     if not records or not calib_benches:
         return report, rows, None
     # Only a drafter with confidences (DSpark) gets here: a calibration pass and a dynamic pass follow.
