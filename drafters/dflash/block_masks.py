@@ -18,28 +18,9 @@ from draftsmith.drafters.dflash.block_attention import SplitMask
 def train_mask(
     anchors_BN: torch.Tensor, keep_BN: torch.Tensor, ctx_len: int, block: int, window: int | None, causal: bool
 ) -> torch.Tensor:
-    """`[B, 1, N*block, ctx_len + N*block]` bool for `N` blocks packed after `ctx_len` context keys."""
-    B, N = anchors_BN.shape
-    dev = anchors_BN.device
-    slot = torch.arange(block, device=dev)
-    q_pos = (anchors_BN[:, :, None] + slot).reshape(B, N * block)  # [B, Q]
-    q_blk = torch.arange(N, device=dev).repeat_interleave(block)  # [Q]
-    q_anchor = anchors_BN.repeat_interleave(block, dim=1)  # [B, Q]
-    ctx_pos = torch.arange(ctx_len, device=dev)
-    ctx = ctx_pos[None, None, :] < q_anchor[:, :, None]  # [B, Q, S]
-    own = q_blk[:, None] == q_blk[None, :]  # [Q, Q]
-    blk = own[None].expand(B, -1, -1)
-    if causal:
-        blk = blk & (q_pos[:, None, :] <= q_pos[:, :, None])
-    if window is not None:
-        ctx = ctx & (ctx_pos[None, None, :] > q_pos[:, :, None] - window)
-        blk = blk & (q_pos[:, None, :] > q_pos[:, :, None] - window)
-    mask = torch.cat([ctx, blk], dim=2)
-    kept = keep_BN.bool().repeat_interleave(block, dim=1)  # [B, Q]
-    self_only = torch.zeros_like(mask)
-    q_idx = torch.arange(N * block, device=dev)
-    self_only[:, q_idx, ctx_len + q_idx] = True
-    return torch.where(kept[:, :, None], mask, self_only)[:, None]
+    """`[B, 1, N*block, ctx_len + N*block]` bool for `N` blocks packed after `ctx_len` context keys (the dense
+    form of `split_train_mask`, which training uses)."""
+    return split_train_mask(anchors_BN, keep_BN, ctx_len, block, window, causal).dense()
 
 
 def decode_mask(
