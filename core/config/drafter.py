@@ -73,6 +73,10 @@ class DrafterConfigBase(StrictModel):
         """Prompts of the confidence calibration pass the evaluation runs (`evaluate.calibration_prompts`)."""
         return 0
 
+    def target_modules(self, num_layers: int) -> list[str]:
+        """Target modules (HF names) whose weights building this drafter copies, besides embedding and head."""
+        return []
+
     def check_target(self, target: "TargetConfig") -> None:
         """Raise a ValueError naming the field when this drafter does not fit `target`."""
         if self.draft_vocab_size is not None and self.draft_vocab_size > target.vocab_size:
@@ -128,6 +132,35 @@ class Eagle3Config(_AttentionFields):
         description="Keep the draft lm_head at its initial rows (the target's, with init_lm_head_from_target): "
         "a step skips the head's weight gradient and optimizer update (docs/training.md: its effect on quality).",
     )
+
+    init_layer_from_target: int | None = Field(
+        None,
+        description="Start the draft layer from this target decoder layer (negative counts from the end; its "
+        "q/k/v on both input halves, MLP, norms) and the output norm from the target's; null: random (GQA only).",
+    )
+    init_fc_last_tap: bool = Field(
+        False,
+        description="With init_layer_from_target: start the tap fusion as the identity on the last tap.",
+    )
+
+    @model_validator(mode="after")
+    def _target_init(self):
+        if self.init_fc_last_tap and self.init_layer_from_target is None:
+            raise ValueError("init_fc_last_tap: needs init_layer_from_target")
+        if self.init_layer_from_target is not None and self.attention != "gqa":
+            raise ValueError("init_layer_from_target: only GQA draft layers can start from a target layer")
+        return self
+
+    def target_modules(self, num_layers: int) -> list[str]:
+        if self.init_layer_from_target is None:
+            return []
+        return [f"model.layers.{self.init_layer_from_target % num_layers}", "model.norm"]
+
+    def check_target(self, target: "TargetConfig") -> None:
+        super().check_target(target)
+        n, i = target.num_layers, self.init_layer_from_target
+        if i is not None and not -n <= i < n:
+            raise ValueError(f"drafter.init_layer_from_target: {i} is not a layer of the {n}-layer target")
 
     def drafts_per_round(self, num_draft_tokens: int) -> int:
         """A chain drafts as many tokens per round as the evaluation asks (`evaluate.num_draft_tokens`)."""

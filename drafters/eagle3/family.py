@@ -8,7 +8,7 @@ import torch
 from draftsmith import kernels
 from draftsmith.core.config import Eagle3Config
 from draftsmith.drafters import anchors, families, vocab
-from draftsmith.drafters.eagle3 import anchored, decode, export, loss, target
+from draftsmith.drafters.eagle3 import anchored, decode, export, loss, target, target_init
 from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from draftsmith.drafters.objective import StepLoss
 
@@ -45,6 +45,10 @@ def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
         head = inputs.target_model.get_output_embeddings().weight.detach().float()
         with torch.no_grad():
             drafter.lm_head.weight.copy_(head[vocab.draft_ids(d2t)])
+    if cfg.init_layer_from_target is not None:
+        target_init.init_from_target_layer(
+            drafter, inputs.target_model, cfg.init_layer_from_target, cfg.init_fc_last_tap
+        )
     if cfg.freeze_lm_head:
         drafter.lm_head.weight.requires_grad_(False)
     return drafter

@@ -1,4 +1,5 @@
-"""The only target weights a trainer needs: its input embedding and lm_head, read from the safetensors alone.
+"""The only target weights a trainer needs: its input embedding and lm_head (and any layer a drafter starts
+from), read from the safetensors alone.
 
 Building a drafter reads the target's config, embedding and lm_head (`draftsmith.drafters.families.BuildInputs`). A
 Kimi K3 target is a terabyte, so the trainer never loads it: the model is laid out on the meta device and
@@ -42,8 +43,19 @@ def _param_name(model: PreTrainedModel, module: torch.nn.Module) -> str:
     return next(f"{n}.weight" for n, m in model.named_modules() if m is module)
 
 
-def load_target_parts(target: TargetConfig, *, materialize: bool) -> PreTrainedModel:
-    """The target laid out on the meta device; with `materialize`, its embedding and head are real (CPU, fp32).
+def _read_modules(model: PreTrainedModel, files: dict[str, Path], names: list[str], folder: Path) -> None:
+    """Replace the meta parameters of each named module with the checkpoint's (CPU, fp32, frozen)."""
+    for name in names:
+        module = model.get_submodule(name)
+        for pname, _ in list(module.named_parameters(recurse=True)):
+            owner, _, leaf = f"{name}.{pname}".rpartition(".")
+            tensor = _read(files, [f"{name}.{pname}"], folder).float()
+            setattr(model.get_submodule(owner), leaf, torch.nn.Parameter(tensor, requires_grad=False))
+
+
+def load_target_parts(target: TargetConfig, *, materialize: bool, modules: list[str] = ()) -> PreTrainedModel:
+    """The target laid out on the meta device; with `materialize`, its embedding and head are real (CPU, fp32),
+    and so are the `modules` (HF names, e.g. `model.layers.29`) a drafter starts from.
 
     Without `materialize` everything stays on meta: what a rank that receives its shards by broadcast
     needs to build the drafter's meta skeleton.
@@ -68,6 +80,7 @@ def load_target_parts(target: TargetConfig, *, materialize: bool) -> PreTrainedM
     head = embed if tied else _read(files, [_param_name(model, head_mod)], Path(folder)).float()
     embed_mod.weight = torch.nn.Parameter(embed, requires_grad=False)
     head_mod.weight = embed_mod.weight if tied else torch.nn.Parameter(head, requires_grad=False)
+    _read_modules(model, files, list(modules), Path(folder))
     return model
 
 

@@ -80,7 +80,7 @@ def build(job: TrainJob, d: fsdp.Dist) -> Built:
     target = TargetConfig.model_validate(job.target)
     family = families.family(drafter_cfg.kind)
     num_taps = len(HiddenStatesConfig.model_validate(job.hidden_cfg).taps)
-    parts = load_target_parts(target, materialize=True)
+    parts = load_target_parts(target, materialize=True, modules=drafter_cfg.target_modules(target.num_layers))
     head = target_head(parts)
     full = None
     if d.is_main:
