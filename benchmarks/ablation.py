@@ -27,6 +27,7 @@ Usage: `python -m benchmarks.ablation [--family dspark] [--size 400] [--steps 10
 import argparse
 import json
 import logging
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -87,14 +88,17 @@ def variant_config(args: argparse.Namespace, overrides: dict) -> PipelineConfig:
 
 def store_folder(args: argparse.Namespace, c: PipelineConfig, run: str) -> str:
     """The capture folder the scaling run made for these taps: it is named after the first family (in the
-    scaling run's order) whose recipe has them, so the first such folder that exists is the one."""
+    scaling run's order) whose recipe has them, so the first such folder that exists is the one; taps no
+    recipe has are captured into a folder named after them."""
     same = []
     for kind in scaling.KINDS:
         path = Path(args.recipe_template.format(kind=kind))
         if path.exists() and load_recipe(str(path)).hidden_states == c.hidden_states:
             same.append(storage.join(run, f"hidden_states-{kind}"))
     made = [uri for uri in same if storage.exists(storage.join(uri, "manifest.json"))]
-    return (made or same or [storage.join(run, f"hidden_states-{args.family}")])[0]
+    # Taps no recipe has get a folder of their own: a family's folder holds its recipe's taps.
+    taps = "-".join(map(str, c.hidden_states.taps))
+    return (made or same or [storage.join(run, f"hidden_states-taps-{taps}")])[0]
 
 
 def run_variant(name: str, overrides: dict, up: dict, args: argparse.Namespace) -> dict:
@@ -203,7 +207,8 @@ def variants(args: argparse.Namespace) -> dict[str, dict]:
         name, sep, body = text.partition(":")
         if not sep or not name:
             usage_error(f"--variant: NAME:KEY=VALUE,... expected, got {text!r}")
-        pairs = [kv.partition("=") for kv in body.split(",") if kv]
+        # A comma inside [...] or {...} belongs to a YAML value (a list of taps), not between pairs.
+        pairs = [kv.partition("=") for kv in re.split(r",(?![^\[{]*[\]}])", body) if kv]
         bad = next((k for k, eq, _ in pairs if not eq), None)
         if bad is not None:
             usage_error(f"--variant {name}: KEY=VALUE expected, got {bad!r}")
