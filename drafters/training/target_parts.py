@@ -9,6 +9,7 @@ Shape legend: V target vocabulary, Ht target width.
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ def _param_name(model: PreTrainedModel, module: torch.nn.Module) -> str:
     return next(f"{n}.weight" for n, m in model.named_modules() if m is module)
 
 
-def _read_modules(model: PreTrainedModel, files: dict[str, Path], names: list[str], folder: Path) -> None:
+def _read_modules(model: PreTrainedModel, files: dict[str, Path], names: Sequence[str], folder: Path) -> None:
     """Replace the meta parameters of each named module with the checkpoint's (CPU, fp32, frozen)."""
     for name in names:
         module = model.get_submodule(name)
@@ -53,7 +54,7 @@ def _read_modules(model: PreTrainedModel, files: dict[str, Path], names: list[st
             setattr(model.get_submodule(owner), leaf, torch.nn.Parameter(tensor, requires_grad=False))
 
 
-def load_target_parts(target: TargetConfig, *, materialize: bool, modules: list[str] = ()) -> PreTrainedModel:
+def load_target_parts(target: TargetConfig, *, materialize: bool, modules: Sequence[str] = ()) -> PreTrainedModel:
     """The target laid out on the meta device; with `materialize`, its embedding and head are real (CPU, fp32),
     and so are the `modules` (HF names, e.g. `model.layers.29`) a drafter starts from.
 
@@ -80,7 +81,7 @@ def load_target_parts(target: TargetConfig, *, materialize: bool, modules: list[
     head = embed if tied else _read(files, [_param_name(model, head_mod)], Path(folder)).float()
     embed_mod.weight = torch.nn.Parameter(embed, requires_grad=False)
     head_mod.weight = embed_mod.weight if tied else torch.nn.Parameter(head, requires_grad=False)
-    _read_modules(model, files, list(modules), Path(folder))
+    _read_modules(model, files, modules, Path(folder))
     return model
 
 
