@@ -5,8 +5,9 @@ greedily with up to 64 new tokens. Throughput is generated tokens over wall time
 counted (the HF engine's convention). HF batch 1 runs the first 8 prompts only, to keep the run within
 a few minutes; per-token cost at batch 1 does not depend on which prompts. vLLM runs the offline engine
 (`.venv-vllm` worker, fp32, eager, continuous batching with max_num_seqs 32 and 128); its engine start-up
-is reported apart from generation. Set `VLLM_CPU_NUM_OF_RESERVED_CPU=0` to let vLLM's model worker use every
-core (by default it keeps one for its front end).
+is reported apart from generation. On a machine with at most 2 usable CPUs draftsmith starts vLLM with
+`VLLM_CPU_NUM_OF_RESERVED_CPU=0`, so its model worker uses every core; set it to 1 for vLLM's own default (one core
+kept for its front end).
 """
 
 import argparse
