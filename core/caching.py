@@ -3,10 +3,13 @@
 Every stage module defines `<stage>_key(...)` with its task's parameters (all but `run_dir`); the stage
 function runs under that key (`draftsmith.core.stage.run_stage`) and the task's Prefect cache key is that same
 key, checked by `valid_manifest` (every file present with its recorded size and digest) and extended with
-the files' digests. No current manifest on disk means no key at all (the task runs). So the first rerun
-after a stage completes runs the task body, which finds the current manifest and returns it without work;
-later reruns are Prefect cache hits. The dispatch of a stage to another pool asks the same question
-through the task's `stage_key` attribute.
+the stage folder's location and the manifest itself (its files' digests, counts, seconds, created_at). No
+current manifest on disk means no key at all (the task runs). So the first rerun after a stage completes
+runs the task body, which finds the current manifest and returns it without work; later reruns are Prefect
+cache hits, and a hit returns exactly the manifest in that folder. Without the location, a second run
+folder holding the same results (a copy, or the same recipe run again elsewhere) would get the first
+folder's manifest back, and its later stages would read the first folder's files. The dispatch of a stage
+to another pool asks the same question through the task's `stage_key` attribute.
 
 Each stage task run is named `<task>[<run>]` and, when its body runs, publishes the stage's markdown
 summary (`draftsmith.core.ui`).
@@ -14,6 +17,7 @@ summary (`draftsmith.core.ui`).
 
 import functools
 import hashlib
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -28,18 +32,32 @@ from draftsmith.core.stage import valid_manifest
 KeyFn = Callable[..., str]
 
 
+def folder_identity(stage_uri: str) -> str:
+    """Where a stage folder is, independent of the working directory: a resolved path, or the URL."""
+    if storage.is_local(stage_uri):
+        return str(storage.local_path(stage_uri).resolve())
+    return stage_uri
+
+
+def manifest_cache_key(manifest: StageManifest, stage_uri: str) -> str:
+    """The Prefect cache key of the valid `manifest` read from `stage_uri`: one per folder and materialisation."""
+    h = hashlib.sha256(manifest.key.encode())
+    h.update(b"\0" + folder_identity(stage_uri).encode())
+    h.update(b"\0" + json.dumps(manifest.to_disk(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
 def artifact_cache_key(stage: str, key_of: KeyFn) -> Callable[[Any, dict[str, Any]], str | None]:
     """A `cache_key_fn` for the task of `stage`, whose stage folder is `<run_dir>/<stage>` and whose stage
     key is `key_of(**parameters without run_dir)`."""
 
     def key_fn(context: Any, parameters: dict[str, Any]) -> str | None:
         args = {name: value for name, value in parameters.items() if name != "run_dir"}
-        manifest = valid_manifest(storage.join(parameters["run_dir"], stage), key_of(**args), quiet=True)
+        stage_uri = storage.join(parameters["run_dir"], stage)
+        manifest = valid_manifest(stage_uri, key_of(**args), quiet=True)
         if manifest is None:
             return None
-        h = hashlib.sha256(manifest.key.encode())
-        h.update(",".join(f.digest for f in manifest.files).encode())
-        return h.hexdigest()
+        return manifest_cache_key(manifest, stage_uri)
 
     return key_fn
 

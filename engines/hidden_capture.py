@@ -115,18 +115,25 @@ def make_capture(cfg: HiddenStatesConfig, target: TargetConfig) -> HiddenCapture
     return HFCapture(cfg, target)
 
 
-def capture_stream(engine: HiddenCapture, samples: Iterable[dict], window_tokens: int) -> Iterator[HiddenSample]:
+def capture_stream(
+    engine: HiddenCapture, samples: Iterable[dict], window_tokens: int, *, boundary: int | None = None
+) -> Iterator[HiddenSample]:
     """Captured samples in input order, one engine call per window of about `window_tokens` tokens.
 
     The window bounds what is held in the compute dtype at once (the callers encode each sample as it
-    comes); within it the engine groups samples by length, so a wider window pads less.
+    comes); within it the engine groups samples by length, so a wider window pads less. With `boundary`, a
+    window also ends after every `boundary` samples of the stream: a capture resumed at such a point (the
+    store's committed shards) then forms the same forward batches as an uninterrupted one, and since
+    kernels round differently with the batch shape, only that makes the resumed values the same bytes.
     """
+    if boundary is not None and boundary <= 0:
+        raise ValueError(f"boundary {boundary}: expected a positive number of samples")
     buf: list[dict] = []
     tokens = 0
-    for s in samples:
+    for n, s in enumerate(samples, start=1):
         buf.append(s)
         tokens += len(s["input_ids"])
-        if tokens >= window_tokens:
+        if tokens >= window_tokens or (boundary is not None and n % boundary == 0):
             yield from engine.capture(buf)
             buf, tokens = [], 0
     if buf:

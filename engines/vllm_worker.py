@@ -21,9 +21,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-# vLLM's CPU backend keeps this many cores for its front end unless told otherwise; at or below
-# SMALL_MACHINE_CPUS the model gets every core instead. On 2 cores the reserved core left the model a single
-# thread: plain serving at concurrency 1 ran 13 tokens/s against 17 with both cores (docs/benchmarks.md).
+# vLLM's CPU backend reserves a core for its front end unless VLLM_CPU_NUM_OF_RESERVED_CPU says otherwise. On a
+# machine with at most SMALL_MACHINE_CPUS usable CPUs the model gets every core instead: on 2 cores the reserved
+# core left the model a single thread, and plain serving at concurrency 1 ran 13 tokens/s against 17 with both
+# cores (docs/benchmarks.md).
 SMALL_MACHINE_CPUS = 2
 
 

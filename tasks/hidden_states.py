@@ -74,7 +74,11 @@ def capture_hidden_states(
             if first is not None:  # start the engine (vLLM takes minutes) only when there is work left
                 engine = hidden_capture.make_capture(cfg, target)
                 try:
-                    stream = hidden_capture.capture_stream(engine, itertools.chain([first], rest), window_tokens(cfg))
+                    # Resumes start at a shard boundary, so windows that never cross one batch alike either way.
+                    samples = itertools.chain([first], rest)
+                    stream = hidden_capture.capture_stream(
+                        engine, samples, window_tokens(cfg), boundary=cfg.shard_samples
+                    )
                     for s in stream:
                         writer.add(s)
                         progress.advance()

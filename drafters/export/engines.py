@@ -21,10 +21,12 @@ Facts, and where they come from:
 """
 
 import json
+import os
 import shlex
 from pathlib import Path
 
 from draftsmith.drafters.export import methods
+from draftsmith.engines import vllm_worker
 
 ENGINES = ("vllm", "sglang", "tokenspeed")
 PLATFORMS = ("cpu", "gpu")
@@ -102,12 +104,18 @@ def vllm_cpu_env(python: str | Path) -> dict[str, str]:
     """The environment the CPU server needs, in the order printed.
 
     VLLM_CPU_KVCACHE_SPACE (GiB) holds the KV cache; 1 GiB fits SmolLM2-135M's full 8192-token context in fp32.
-    Intel OpenMP is preloaded because vLLM's CPU worker asks for it with speculative decoding; on a 2-core AMD
-    host it measured the same as without (35.3 vs 34.9 tokens/s), so it silences the warning at no cost.
-    VLLM_CPU_OMP_THREADS_BIND stays `auto`: that keeps one core for the busy-polling scheduler, and binding
-    the worker to every core instead measured 3x slower there.
+    On a machine with at most `vllm_worker.SMALL_MACHINE_CPUS` usable CPUs, VLLM_CPU_NUM_OF_RESERVED_CPU=0
+    gives the model every core, as every vLLM process draftsmith starts gets (`vllm_worker.cpu_env_defaults`);
+    a value already in the environment is left to it. Intel OpenMP is preloaded because vLLM's CPU worker asks
+    for it with speculative decoding; on a 2-core AMD host it measured the same as without (35.3 vs 34.9
+    tokens/s), so it silences the warning at no cost.
+    VLLM_CPU_OMP_THREADS_BIND stays `auto`: binding the worker to every core instead measured 3x slower there.
     """
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    reserved = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+    defaults = vllm_worker.cpu_env_defaults(vllm_worker.usable_cpus())
+    if reserved in defaults and reserved not in os.environ:
+        env[reserved] = defaults[reserved]
     iomp = intel_openmp(python)
     if iomp is not None:
         env["LD_PRELOAD"] = str(iomp)

@@ -1,6 +1,7 @@
 """The `kimi-k3` flow end to end on the tiny recipe, then again from cache; what its runs show in the Prefect UI."""
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,17 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     third = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
     states = asyncio.run(_task_states(third.state_details.flow_run_id))
     assert set(states.values()) == {"Cached"}, states
+
+    # A copy of the run folder is a run folder of its own: its stages return the copy's manifests (the same
+    # results, recorded there), never the original folder's out of Prefect's cache, so its later stages
+    # read the copy's files.
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(run_dir, copy_dir)
+    copied = kimi_k3(config=tiny_cfg, run_dir=str(copy_dir), return_state=True)
+    assert copied.is_completed(), copied
+    for stage, m in copied.result().items():
+        assert Path(m.uri).resolve() == (copy_dir / stage).resolve(), (stage, m.uri)
+        assert m.files == manifests[stage].files, stage
 
     # A stage whose artifact changed (same size, one byte) is recomputed, not replayed from the cache.
     results_path = Path(run_dir, "evaluate", "results.json")

@@ -205,18 +205,8 @@ def test_a_crashed_capture_resumes_after_its_committed_shards(tiny_cfg, tiny_run
     m = capture_hidden_states(c.hidden_states, c.target, tiny_run["tokenize"], out_uri=uri)
     shard = c.hidden_states.shard_samples
     assert len(captured) == m.counts["samples"] - shard  # the committed shard was not captured again
+    # Capture windows end at shard boundaries, so the resumed capture forms the forward batches of an
+    # uninterrupted one: every shard, the index and the dataset record are the same bytes.
     got = {f.name: f.digest for f in m.files}
     want = {f.name: f.digest for f in tiny_run["hidden_states"].files}
-    assert got.keys() == want.keys()
-    # The shard committed before the crash is kept byte for byte, and the samples come in the same order.
-    assert got["shard-00000.safetensors"] == want["shard-00000.safetensors"]
-    assert got["index.jsonl"] == want["index.jsonl"]
-    # Samples captured after the resume sit in other forward batches than in an uninterrupted capture, and on
-    # some CPUs the kernels round differently with the batch shape; the captured values agree to rounding.
-    a, b = OfflineDataset(tiny_run["hidden_states"].uri), OfflineDataset(m.uri)
-    assert a.ids == b.ids and len(a) == len(b) == m.counts["samples"]
-    for i in range(len(a)):
-        x, y = a[i], b[i]
-        assert x.input_ids.equal(y.input_ids) and x.loss_mask.equal(y.loss_mask), i
-        torch.testing.assert_close(y.hidden_states.float(), x.hidden_states.float(), rtol=2e-2, atol=2e-2)
-        torch.testing.assert_close(y.last_hidden.float(), x.last_hidden.float(), rtol=2e-2, atol=2e-2)
+    assert got == want

@@ -36,5 +36,24 @@ def test_the_cache_key_is_the_stage_key_checked_against_the_files(tmp_path) -> N
     assert cache_key(4) is None  # other inputs: another key, which the folder does not hold
     (tmp_path / "toy" / "rows.txt").write_bytes(b"x\ny\nx\n")  # same size, other bytes
     assert cache_key(3) is None
-    again = toy_task.fn(rows=3, run_dir=run_dir)  # recomputed, the same content: the same cache key
-    assert again.files == manifest.files and cache_key(3) == first
+    again = toy_task.fn(rows=3, run_dir=run_dir)  # recomputed with the same content: a new materialisation
+    assert again.files == manifest.files and again.created_at != manifest.created_at
+    second = cache_key(3)
+    assert second is not None and second != first  # a hit returns this manifest, not the replaced one
+    assert cache_key(3) == second
+
+
+def test_a_copied_run_folder_never_hits_the_original_folders_result(tmp_path, monkeypatch) -> None:
+    import shutil
+
+    original, copy = tmp_path / "a", tmp_path / "b"
+    toy_task.fn(rows=3, run_dir=str(original))
+    shutil.copytree(original, copy)
+    key_of = lambda run_dir: toy_task.cache_key_fn(None, {"rows": 3, "run_dir": run_dir})  # noqa: E731
+    assert (copy / "toy" / "manifest.json").read_bytes() == (original / "toy" / "manifest.json").read_bytes()
+    # The same stage key and the same bytes, but another folder: a hit must not hand back a manifest bound to
+    # the original, whose files the copy's later stages would then read.
+    assert key_of(str(copy)) not in (None, key_of(str(original)))
+    # The same folder named relatively or absolutely is one folder.
+    monkeypatch.chdir(tmp_path)
+    assert key_of("b") == key_of(str(copy))

@@ -17,6 +17,13 @@ pytestmark = pytest.mark.unit
 ODD_FOLDER = '/runs/it\'s a "draft" $HOME'
 
 
+@pytest.fixture(autouse=True)
+def a_large_machine(monkeypatch):
+    """The exact-argv tests below describe a machine that reserves vLLM's front-end core (its default)."""
+    monkeypatch.setattr(engines.vllm_worker, "usable_cpus", lambda: 64)
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+
+
 def _spec(argv: list[str]) -> dict:
     return json.loads(argv[argv.index("--speculative-config") + 1])
 
@@ -65,6 +72,19 @@ def test_cpu_form_defaults_to_the_project_venv_and_skips_a_missing_iomp(tmp_path
     bare = _fake_venv(tmp_path / "bare", iomp=False)
     argv = shlex.split(engines.launch_command("eagle3", "vllm", "/t", "/d", 3, platform="cpu", vllm_python=bare))
     assert argv[0] == "VLLM_CPU_KVCACHE_SPACE=1" and argv[1] == str(bare)
+
+
+def test_on_a_small_machine_the_cpu_form_gives_the_model_every_core(tmp_path, monkeypatch):
+    python = _fake_venv(tmp_path / "venv", iomp=True)
+    monkeypatch.setattr(engines.vllm_worker, "usable_cpus", lambda: 2)
+    argv = shlex.split(engines.launch_command("eagle3", "vllm", "/t", "/d", 3, platform="cpu", vllm_python=python))
+    assert argv[:3] == ["VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_NUM_OF_RESERVED_CPU=0", f"LD_PRELOAD={python.parent.parent / 'lib' / 'libiomp5.so'}"]
+    out = subprocess.run(["bash", "-c", shlex.join(argv)], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    # A reservation the user already exports is theirs: the printed line does not override it.
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    cmd = engines.launch_command("eagle3", "vllm", "/t", "/d", 3, platform="cpu", vllm_python=python)
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in cmd
 
 
 def test_printed_cpu_command_runs_verbatim_in_bash(tmp_path):
