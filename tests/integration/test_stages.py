@@ -9,7 +9,6 @@ from draftsmith.drafters.eagle3.export import load_drafter
 from draftsmith.engines import hf
 from draftsmith.tasks.regenerate import read_conversations
 from draftsmith.tasks.tokenization import read_token_shard
-from draftsmith.transport.offline_reader import OfflineDataset
 
 pytestmark = pytest.mark.integration
 

@@ -78,7 +78,8 @@ def test_on_a_small_machine_the_cpu_form_gives_the_model_every_core(tmp_path, mo
     python = _fake_venv(tmp_path / "venv", iomp=True)
     monkeypatch.setattr(engines.vllm_worker, "usable_cpus", lambda: 2)
     argv = shlex.split(engines.launch_command("eagle3", "vllm", "/t", "/d", 3, platform="cpu", vllm_python=python))
-    assert argv[:3] == ["VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_NUM_OF_RESERVED_CPU=0", f"LD_PRELOAD={python.parent.parent / 'lib' / 'libiomp5.so'}"]
+    iomp = python.parent.parent / "lib" / "libiomp5.so"
+    assert argv[:3] == ["VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_NUM_OF_RESERVED_CPU=0", f"LD_PRELOAD={iomp}"]
     out = subprocess.run(["bash", "-c", shlex.join(argv)], capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     # A reservation the user already exports is theirs: the printed line does not override it.
