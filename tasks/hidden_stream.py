@@ -49,7 +49,9 @@ def produce(spec: ProducerSpec) -> int:
             with MooncakeProducer(settings, spec.queue, codec_of(cfg), spec.run_id, producer_id=name) as producer:
                 for _ in range(spec.epochs):
                     mine = (s for i, s in enumerate(token_samples(tokens)) if i % spec.count == spec.index)
-                    for sample in hidden_capture.capture_stream(engine, mine, window_tokens(cfg)):
+                    # The offline store's windows: with one producer the batches, and so the values, are its.
+                    stream = hidden_capture.capture_stream(engine, mine, window_tokens(cfg), boundary=cfg.shard_samples)
+                    for sample in stream:
                         producer.put(sample)
                         n += 1
                         progress.advance()
