@@ -26,6 +26,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--rounds", type=int, help="timed off/on pairs per level (default: 2)")
     p.add_argument("--requests", type=int, help="requests per timed run (default: 8)")
     p.add_argument("--max-tokens", type=int, help="output tokens per request (default: 64)")
+    p.add_argument(
+        "--draft-tokens", type=int, help="draft tokens per step a chain drafter proposes (default: the evaluation's)"
+    )
     p.add_argument("--force", action="store_true", help="measure again even if these settings were measured")
 
 
@@ -49,10 +52,19 @@ def _run_and_recipe(arg: str) -> tuple[Path, PipelineConfig]:
 
 
 def _settings(args: argparse.Namespace) -> SpeedupConfig:
-    given = {k: getattr(args, k) for k in ("rounds", "requests", "max_tokens") if getattr(args, k) is not None}
+    names = ("rounds", "requests", "max_tokens", "draft_tokens")
+    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.concurrency:
         given["concurrency"] = tuple(int(c) for c in args.concurrency.split(","))
     return SpeedupConfig(**given)
+
+
+def serving_chain(cfg: PipelineConfig, settings: SpeedupConfig) -> int | None:
+    """Draft tokens per step the speculating server is told; None: the export records them (block drafters)."""
+    chain = cfg.drafter.serving_tokens(settings.draft_tokens or cfg.evaluate.num_draft_tokens)
+    if settings.draft_tokens is not None and chain is None:
+        raise ValueError(f"draft_tokens: a {cfg.drafter.kind} drafter drafts the block its export fixes; leave it out")
+    return chain
 
 
 def run_prompts(cfg: PipelineConfig, run_dir: Path, limit: int) -> list[str]:
@@ -75,7 +87,7 @@ def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompt
     platform = engines.detect_platform()
     exported = export_run(str(run_dir), "vllm", platform=platform)
     out = run_dir / "speedup"
-    chain = cfg.drafter.serving_tokens(cfg.evaluate.num_draft_tokens)
+    chain = serving_chain(cfg, settings)
     result = measure_speedup(
         str(resolve_target(cfg.target.source)),
         str(exported.folder),
@@ -98,6 +110,7 @@ def cmd_speedup(args: argparse.Namespace) -> int:
     try:
         run_dir, cfg = _run_and_recipe(args.run)
         settings = _settings(args)
+        serving_chain(cfg, settings)
     except ValueError as err:
         print(f"speedup: {err}", file=sys.stderr)
         return 2

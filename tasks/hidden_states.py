@@ -9,6 +9,7 @@ after the last committed shard; `dataset.json` records taps, capture points, cod
 import itertools
 import logging
 import sys
+from collections.abc import Iterable, Iterator
 
 from draftsmith.core import storage
 from draftsmith.core.caching import stage_task
@@ -22,17 +23,24 @@ from draftsmith.engines.taps import TAP_CONVENTION
 from draftsmith.transport import offline_store
 from draftsmith.transport.offline_store import ShardWriter, StoreInfo
 from draftsmith.transport.online_source import codec_of
-from draftsmith.transport.sample import StoreCodec
+from draftsmith.transport.sample import HiddenSample, StoreCodec
 from draftsmith.transport.token_shards import token_samples
 
 log = logging.getLogger(__name__)
 STAGE = "hidden_states"
 
 
-def window_tokens(cfg: HiddenStatesConfig) -> int:
-    """Tokens handed to the capture engine at once: two forward budgets, so length grouping has choice
-    while the captures held in the compute dtype stay bounded (samples are encoded as they come)."""
-    return 2 * cfg.batch_tokens
+def capture_windows(
+    engine: hidden_capture.HiddenCapture, samples: Iterable[dict], cfg: HiddenStatesConfig
+) -> Iterator[HiddenSample]:
+    """Captured samples in input order, the engine called once per window (`hidden_capture.capture_stream`).
+
+    A window holds about two forward budgets of tokens, so length grouping has choice while the captures held in
+    the compute dtype stay bounded, and it ends at every shard boundary. A resumed capture starts at a committed
+    shard and an online producer of one sees the whole stream, so both batch, and round, exactly as an
+    uninterrupted offline capture does.
+    """
+    return hidden_capture.capture_stream(engine, samples, 2 * cfg.batch_tokens, boundary=cfg.shard_samples)
 
 
 def store_info(cfg: HiddenStatesConfig, target: TargetConfig, tokens: StageManifest) -> StoreInfo:
@@ -74,12 +82,7 @@ def capture_hidden_states(
             if first is not None:  # start the engine (vLLM takes minutes) only when there is work left
                 engine = hidden_capture.make_capture(cfg, target)
                 try:
-                    # Resumes start at a shard boundary, so windows that never cross one batch alike either way.
-                    samples = itertools.chain([first], rest)
-                    stream = hidden_capture.capture_stream(
-                        engine, samples, window_tokens(cfg), boundary=cfg.shard_samples
-                    )
-                    for s in stream:
+                    for s in capture_windows(engine, itertools.chain([first], rest), cfg):
                         writer.add(s)
                         progress.advance()
                 finally:

@@ -22,7 +22,7 @@ from draftsmith.core.gpus import gpu_slots
 from draftsmith.core.manifest import StageManifest
 from draftsmith.core.progress import Progress, prefect_sink
 from draftsmith.engines import hidden_capture
-from draftsmith.tasks.hidden_states import window_tokens
+from draftsmith.tasks.hidden_states import capture_windows
 from draftsmith.transport.mooncake_store import MooncakeSettings
 from draftsmith.transport.mooncake_stream import MooncakeProducer, StreamError
 from draftsmith.transport.online_source import ProducerSpec, codec_of, producer_settings
@@ -49,9 +49,7 @@ def produce(spec: ProducerSpec) -> int:
             with MooncakeProducer(settings, spec.queue, codec_of(cfg), spec.run_id, producer_id=name) as producer:
                 for _ in range(spec.epochs):
                     mine = (s for i, s in enumerate(token_samples(tokens)) if i % spec.count == spec.index)
-                    # The offline store's windows: with one producer the batches, and so the values, are its.
-                    stream = hidden_capture.capture_stream(engine, mine, window_tokens(cfg), boundary=cfg.shard_samples)
-                    for sample in stream:
+                    for sample in capture_windows(engine, mine, cfg):
                         producer.put(sample)
                         n += 1
                         progress.advance()

@@ -72,6 +72,12 @@ class SpeedupConfig(StrictModel):
     warmup_requests: int = Field(2, ge=0, description="Untimed requests to each server before its first timed run.")
     timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit for all timed runs together, in seconds.")
     max_model_len: int = Field(2048, gt=0, description="The servers' context: longest prompt plus answer, in tokens.")
+    draft_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Draft tokens a chain drafter proposes per step when served; null: the run's "
+        "`evaluate.num_draft_tokens`. A block drafter's export fixes its own.",
+    )
 
     _levels = field_validator("concurrency")(_distinct_levels)
 

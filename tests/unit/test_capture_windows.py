@@ -71,3 +71,18 @@ def test_a_resume_at_a_boundary_forms_the_uninterrupted_windows(committed_shards
 def test_a_boundary_must_be_positive():
     with pytest.raises(ValueError, match="boundary 0"):
         list(capture_stream(RecordingEngine(), samples([3]), window_tokens=16, boundary=0))
+
+
+def test_the_stage_windows_end_at_its_shards_and_hold_two_forward_budgets():
+    """Both the offline stage and the online producer call `capture_windows`, so they batch alike."""
+    from draftsmith.core.config import HiddenStatesConfig
+    from draftsmith.tasks.hidden_states import capture_windows
+
+    cfg = HiddenStatesConfig(taps=[1, 2, 3], batch_tokens=4, shard_samples=3)
+    engine, direct = RecordingEngine(), RecordingEngine()
+    out = [s.id for s in capture_windows(engine, samples(LENGTHS), cfg)]
+    list(capture_stream(direct, samples(LENGTHS), window_tokens=8, boundary=3))
+    assert out == [f"s{i}" for i in range(len(LENGTHS))]
+    assert engine.windows == direct.windows
+    # Closed by 8 tokens (s0, s3, s6, s9 start one) or by a shard end (after s2, s5, s8, s11).
+    assert [w[0] for w in engine.windows] == ["s0", "s2", "s3", "s5", "s6", "s8", "s9", "s11", "s12"]

@@ -120,3 +120,23 @@ def test_a_result_for_the_same_checkpoint_settings_and_prompts_is_printed_not_me
     (run / "train" / "manifest.json").write_text(json.dumps({"key": "k2"}))
     assert cli.main([*args, "--max-tokens", "9"]) == 0 and len(measured) == 3, "retrained drafter: measured again"
     assert cli.main([*args, "--max-tokens", "9", "--force"]) == 0 and len(measured) == 4
+
+
+def test_draft_tokens_set_a_chains_serving_depth_and_a_block_drafter_refuses_them(tmp_path, capsys):
+    from draftsmith.core.config import load_recipe
+
+    recipes = Path(__file__).resolve().parents[2] / "deployments" / "recipes"
+    chain = load_recipe(recipes / "tiny-cpu.yaml")
+    assert chain.drafter.kind == "eagle3"
+    assert cli_speedup.serving_chain(chain, SpeedupConfig()) == chain.evaluate.num_draft_tokens
+    assert cli_speedup.serving_chain(chain, SpeedupConfig(draft_tokens=1)) == 1
+    block = load_recipe(recipes / "smollm2-cpu-dflash2.yaml")
+    assert cli_speedup.serving_chain(block, SpeedupConfig()) is None
+    with pytest.raises(ValueError, match="^draft_tokens: a dflash2 drafter"):
+        cli_speedup.serving_chain(block, SpeedupConfig(draft_tokens=2))
+    with pytest.raises(ValueError, match="draft_tokens"):
+        SpeedupConfig(draft_tokens=0)
+    run = _finished_run(tmp_path)
+    (run / "recipe.yaml").write_text((recipes / "smollm2-cpu-dflash2.yaml").read_text())
+    assert cli.main(["speedup", str(run), "--draft-tokens", "2"]) == 2
+    assert capsys.readouterr().err.startswith("speedup: draft_tokens: a dflash2 drafter")
