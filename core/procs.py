@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -62,3 +62,14 @@ def popen_kwargs(*, caller_waits: bool = False) -> dict[str, Any]:
     if prctl is not None and (caller_waits or threading.current_thread() is threading.main_thread()):
         kwargs["preexec_fn"] = _preexec(prctl, os.getpid())
     return kwargs
+
+
+def python_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) for a Python child started with `-m` or `-c`: `PYTHONSAFEPATH=1` keeps its
+    working directory off `sys.path`.
+
+    Started from a checkout, the working directory's top-level folders (`kernels/`, `core/`, ...) are draftsmith's
+    subpackages; first on `sys.path` they would shadow installed packages of the same name, such as the
+    `kernels` package that transformers imports.
+    """
+    return {**(os.environ if env is None else env), "PYTHONSAFEPATH": "1"}

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from draftsmith.core.config import PipelineConfig, load_recipe
 from draftsmith.core.config.sweep import SpeedupConfig
 
@@ -22,12 +24,14 @@ RESULT = "speedup.json"
 def add_parsers(sub) -> None:
     p = sub.add_parser("speedup", help="a run's drafter in vLLM: tokens/s with speculation off vs on, interleaved")
     p.add_argument("run", help="a finished run folder, or the recipe whose default run folder to use")
-    p.add_argument("--concurrency", help="comma list of levels (default: 1,4)")
-    p.add_argument("--rounds", type=int, help="timed off/on pairs per level (default: 2)")
-    p.add_argument("--requests", type=int, help="requests per timed run (default: 8)")
-    p.add_argument("--max-tokens", type=int, help="output tokens per request (default: 64)")
+    p.add_argument("--concurrency", help="comma list of levels (default: the recipe's speedup.concurrency)")
+    p.add_argument("--rounds", type=int, help="timed off/on rounds per level (default: the recipe's)")
+    p.add_argument("--requests", type=int, help="requests per timed run (default: the recipe's)")
+    p.add_argument("--max-tokens", type=int, help="output tokens per request (default: the recipe's)")
     p.add_argument(
-        "--draft-tokens", type=int, help="draft tokens per step a chain drafter proposes (default: the evaluation's)"
+        "--draft-tokens",
+        help="comma list of serving depths a chain drafter is measured at side by side, one server each "
+        "(default: the recipe's speedup.draft_tokens, else evaluate.num_draft_tokens)",
     )
     p.add_argument("--force", action="store_true", help="measure again even if these settings were measured")
 
@@ -51,20 +55,37 @@ def _run_and_recipe(arg: str) -> tuple[Path, PipelineConfig]:
     return run_dir, cfg
 
 
-def _settings(args: argparse.Namespace) -> SpeedupConfig:
-    names = ("rounds", "requests", "max_tokens", "draft_tokens")
-    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+def _levels(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag}: expected a comma list of integers, got {text!r}") from None
+
+
+def _settings(args: argparse.Namespace, recipe: SpeedupConfig) -> SpeedupConfig:
+    """The recipe's `speedup:` section with the command line's flags laid over it."""
+    given = {k: getattr(args, k) for k in ("rounds", "requests", "max_tokens") if getattr(args, k) is not None}
     if args.concurrency:
-        given["concurrency"] = tuple(int(c) for c in args.concurrency.split(","))
-    return SpeedupConfig(**given)
+        given["concurrency"] = _levels("--concurrency", args.concurrency)
+    if args.draft_tokens:
+        given["draft_tokens"] = _levels("--draft-tokens", args.draft_tokens)
+    try:
+        return SpeedupConfig(**(recipe.model_dump() | given))
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "speedup"
+        raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
-def serving_chain(cfg: PipelineConfig, settings: SpeedupConfig) -> int | None:
-    """Draft tokens per step the speculating server is told; None: the export records them (block drafters)."""
-    chain = cfg.drafter.serving_tokens(settings.draft_tokens or cfg.evaluate.num_draft_tokens)
-    if settings.draft_tokens is not None and chain is None:
-        raise ValueError(f"draft_tokens: a {cfg.drafter.kind} drafter drafts the block its export fixes; leave it out")
-    return chain
+def serving_depths(cfg: PipelineConfig, settings: SpeedupConfig) -> list[int | None]:
+    """Draft tokens per step each speculating server is told; [None]: the export records them (block drafters)."""
+    if cfg.drafter.serving_tokens(1) is None:
+        if settings.draft_tokens is not None:
+            raise ValueError(
+                f"draft_tokens: a {cfg.drafter.kind} drafter drafts the block its export fixes; leave it out"
+            )
+        return [None]
+    return [cfg.drafter.serving_tokens(d) for d in settings.draft_tokens or (cfg.evaluate.num_draft_tokens,)]
 
 
 def run_prompts(cfg: PipelineConfig, run_dir: Path, limit: int) -> list[str]:
@@ -87,13 +108,12 @@ def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompt
     platform = engines.detect_platform()
     exported = export_run(str(run_dir), "vllm", platform=platform)
     out = run_dir / "speedup"
-    chain = serving_chain(cfg, settings)
     result = measure_speedup(
         str(resolve_target(cfg.target.source)),
         str(exported.folder),
         prompts,
         settings,
-        num_speculative_tokens=chain,
+        depths=serving_depths(cfg, settings),
         serve_args=CPU_SERVE_ARGS if platform == "cpu" else ("--dtype", "bfloat16"),
         work_dir=str(out / "runs"),
     )
@@ -109,14 +129,16 @@ def cmd_speedup(args: argparse.Namespace) -> int:
 
     try:
         run_dir, cfg = _run_and_recipe(args.run)
-        settings = _settings(args)
-        serving_chain(cfg, settings)
+        settings = _settings(args, cfg.speedup)
+        serving_depths(cfg, settings)
     except ValueError as err:
         print(f"speedup: {err}", file=sys.stderr)
         return 2
     train_key = json.loads((run_dir / "train" / "manifest.json").read_text()).get("key", "")
     prompts = run_prompts(cfg, run_dir, settings.max_prompts)
-    key = hashlib.sha256(json.dumps([train_key, settings.model_dump(mode="json"), prompts]).encode()).hexdigest()
+    # The depths served, not just the settings: a null draft_tokens follows evaluate.num_draft_tokens.
+    served = [train_key, settings.model_dump(mode="json"), serving_depths(cfg, settings), prompts]
+    key = hashlib.sha256(json.dumps(served).encode()).hexdigest()
     path = run_dir / "speedup" / RESULT
     cached = json.loads(path.read_text()) if path.exists() else None
     if cached is not None and cached.get("key") == key and not args.force:

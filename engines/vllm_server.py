@@ -133,7 +133,7 @@ class VLLMServer:
         """Start the server and block until `/v1/models` lists the served model."""
         if self._proc is not None:
             raise RuntimeError(f"vLLM server for {self.model} is already running (pid {self._proc.pid})")
-        env = {**VLLM_ENV_DEFAULTS, "HF_HUB_OFFLINE": "1", **os.environ}
+        env = procs.python_env({**VLLM_ENV_DEFAULTS, "HF_HUB_OFFLINE": "1", **os.environ})
         log.info("starting vllm serve %s on %s (log %s)", self.model, self.url, self.log_path)
         with self.log_path.open("ab") as out:
             self._proc = subprocess.Popen(

@@ -159,33 +159,45 @@ def throughput_vs_concurrency(sweeps: list[dict], path: str | Path) -> bytes:
 
 
 def speedup_bars(result: dict, path: str | Path) -> bytes:
-    """Tokens/s with speculation off and on at each concurrency level (bars: mean of the rounds; ticks: each
-    round), labelled with the speed-up and vLLM's acceptance length. `result` is `draftsmith.evals.speedup`'s dict."""
+    """Tokens/s with speculation off and on at each concurrency level, one "on" bar per serving depth (bars:
+    mean of the rounds; ticks: each round), labelled with the speed-up and vLLM's acceptance length. `result`
+    is `draftsmith.evals.speedup`'s dict."""
     levels = result.get("levels") or []
     if not levels:
         raise ValueError("speed-up result has no levels")
-    fig = _figure("speedup")
-    ax = fig.add_subplot()
-    width = 0.38
+    groups: dict[int, list[dict]] = {}
     for i, lv in enumerate(levels):
         require(lv, ("concurrency", "tokens_per_s_off", "tokens_per_s_on", "speedup"), f"levels[{i}]")
-        for j, (mode, colour) in enumerate((("off", "C7"), ("on", "C0"))):
-            runs = [float(t) for t in lv[f"tokens_per_s_{mode}"]]
-            x = i + (j - 0.5) * width
-            ax.bar(x, sum(runs) / len(runs), width, color=colour, label=f"speculation {mode}" if i == 0 else None)
-            ax.plot([x] * len(runs), runs, "k_", markersize=12)
-        top = max(max(lv["tokens_per_s_off"]), max(lv["tokens_per_s_on"]))
-        spec = lv.get("spec_decode")
-        acc = f"\nacc. length {spec['acceptance_length']:.2f}" if spec else ""
-        ax.annotate(f"x{lv['speedup']:.2f}{acc}", (i, top), ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(levels)), [str(lv["concurrency"]) for lv in levels])
+        groups.setdefault(int(lv["concurrency"]), []).append(lv)
+    depths = list(dict.fromkeys(lv.get("draft_tokens") for lv in levels))
+    fig = _figure("speedup")
+    ax = fig.add_subplot()
+    width = 0.8 / (1 + len(depths))
+    for i, rows in enumerate(groups.values()):
+        bars = [("off", None, rows[0]["tokens_per_s_off"])] + [("on", lv, lv["tokens_per_s_on"]) for lv in rows]
+        for j, (mode, lv, runs) in enumerate(bars):
+            x = i + (j - len(rows) / 2) * width
+            slot = 0 if lv is None else 1 + depths.index(lv.get("draft_tokens"))
+            label = None if i else _bar_label(mode, lv)
+            ax.bar(x, sum(runs) / len(runs), width, color="C7" if lv is None else f"C{slot - 1}", label=label)
+            ax.plot([x] * len(runs), runs, "k_", markersize=max(4, 30 * width))
+            if lv is not None:
+                spec = lv.get("spec_decode")
+                acc = f"\nacc {spec['acceptance_length']:.2f}" if spec else ""
+                ax.annotate(f"x{lv['speedup']:.2f}{acc}", (x, max(runs)), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(groups)), [str(c) for c in groups])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
-    ax.set_ylim(0, 1.25 * max(max(lv["tokens_per_s_off"] + lv["tokens_per_s_on"]) for lv in levels))
+    ax.set_ylim(0, 1.3 * max(max(lv["tokens_per_s_off"] + lv["tokens_per_s_on"]) for lv in levels))
     ax.set_title("Speculative decoding in vLLM: off against on, interleaved runs")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
+
+
+def _bar_label(mode: str, lv: dict | None) -> str:
+    depth = None if lv is None else lv.get("draft_tokens")
+    return f"speculation {mode}" + ("" if depth is None else f", {depth} draft tokens")
 
 
 def pooled_position_accept(group: list[dict]) -> list[float]:

@@ -240,7 +240,7 @@ def run_driver(
     with bench_log.open("ab") as sink:
         # Its own group, and gone with us even if we are SIGKILLed: this thread waits for it to the end.
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
+            cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=procs.python_env(env),
             **procs.popen_kwargs(caller_waits=True),
         )  # fmt: skip
     deadline = time.monotonic() + timeout_s

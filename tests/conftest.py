@@ -3,10 +3,17 @@
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
-import pytest
+# `python -m pytest` puts the checkout first on sys.path, where its top-level folders (kernels/, core/, ...),
+# draftsmith's subpackages, would shadow installed packages of the same name: transformers imports `kernels`.
+# The checkout stays on the path, for `tests.*`, but last. Children started with -m or -c get PYTHONSAFEPATH.
+_CHECKOUT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _CHECKOUT] + [str(_CHECKOUT)]
+
+import pytest  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -14,6 +14,7 @@ from draftsmith.core.config.stages import (
     StorageConfig,
     TargetConfig,
 )
+from draftsmith.core.config.sweep import SpeedupConfig
 from draftsmith.core.config.tokenize import TokenizeConfig
 from draftsmith.core.config.train import TrainConfig
 
@@ -34,6 +35,11 @@ class PipelineConfig(StrictModel):
     drafter: drafter_union() = Field(discriminator="kind", description="The drafter architecture.")  # type: ignore[valid-type]
     train: TrainConfig = Field(default_factory=TrainConfig, description="Drafter training.")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="Evaluation.")
+    speedup: SpeedupConfig = Field(
+        default_factory=SpeedupConfig,
+        description="`draftsmith speedup`: the trained drafter served by vLLM, speculation off against on "
+        "(not a pipeline stage; `make run` ends with it). Command-line flags override it.",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "PipelineConfig":
@@ -75,6 +81,10 @@ class PipelineConfig(StrictModel):
 
     def _drafter_checks(self) -> None:
         self.drafter.check_target(self.target)
+        if self.speedup.draft_tokens is not None and self.drafter.serving_tokens(1) is None:
+            raise ValueError(
+                f"speedup.draft_tokens: a {self.drafter.kind} drafter drafts the block its export fixes; leave it out"
+            )
 
 
 def _rebuild_drafter_field() -> None:

@@ -72,14 +72,22 @@ class SpeedupConfig(StrictModel):
     warmup_requests: int = Field(2, ge=0, description="Untimed requests to each server before its first timed run.")
     timeout_s: float = Field(1800.0, gt=0, description="Wall-clock limit for all timed runs together, in seconds.")
     max_model_len: int = Field(2048, gt=0, description="The servers' context: longest prompt plus answer, in tokens.")
-    draft_tokens: int | None = Field(
+    draft_tokens: tuple[int, ...] | None = Field(
         None,
-        ge=1,
-        description="Draft tokens a chain drafter proposes per step when served; null: the run's "
-        "`evaluate.num_draft_tokens`. A block drafter's export fixes its own.",
+        min_length=1,
+        description="Serving depths to measure side by side, one speculating server each: draft tokens a chain "
+        "drafter proposes per step. Null: the run's `evaluate.num_draft_tokens`. A block drafter's export "
+        "fixes its own, so it takes none.",
     )
 
     _levels = field_validator("concurrency")(_distinct_levels)
+
+    @field_validator("draft_tokens")
+    @classmethod
+    def _depths(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if v is not None and (any(d < 1 for d in v) or len(set(v)) != len(v)):
+            raise ValueError(f"draft_tokens: depths must be distinct positive integers, got {list(v)}")
+        return None if v is None else tuple(sorted(v))
 
     @model_validator(mode="after")
     def _saturate(self) -> SpeedupConfig:
