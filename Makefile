@@ -45,7 +45,7 @@ $(BIN)/.installed: pyproject.toml setup.py core/layout.py | sysdeps
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 numpy 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,cpu]' 2>&1 | grep -v "is ignored" || true
-	$(BIN)/python -c "import draftsmith, prefect, transformers, safetensors, mooncake.store"
+	$(BIN)/python -c "import draftsmith, prefect, transformers.modeling_utils, safetensors, mooncake.store"
 	touch $@
 
 $(VLLM_VENV)/.installed:

@@ -123,7 +123,7 @@ class OnlineSource:
             # An orphaned producer would hold its engine (a GPU) until it next talks to the queue; the thread
             # that starts it also stops it in __exit__, so it may arm the death signal.
             proc = subprocess.Popen(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=procs.python_env(),
+                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 **procs.popen_kwargs(caller_waits=True),
             )  # fmt: skip
         log.info("online: producer %d started (pid %d, log %s)", index, proc.pid, log_path)

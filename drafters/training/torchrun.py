@@ -196,16 +196,14 @@ def _kill_launch(proc: subprocess.Popen, log: logging.Logger | logging.LoggerAda
 
 def _child_env(spec: TorchrunSpec, env: Mapping[str, str] | None) -> dict[str, str]:
     threads = str(spec.threads_per_rank)
-    return procs.python_env(
-        {
-            **os.environ,
-            **(env or {}),
-            "OMP_NUM_THREADS": threads,
-            THREADS_ENV: threads,
-            "PYTHONUNBUFFERED": "1",  # rank lines reach the log as they are printed, not at exit
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE,
-        }
-    )
+    return {
+        **os.environ,
+        **(env or {}),
+        "OMP_NUM_THREADS": threads,
+        THREADS_ENV: threads,
+        "PYTHONUNBUFFERED": "1",  # rank lines reach the log as they are printed, not at exit
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE,
+    }
 
 
 def _stream(proc: subprocess.Popen, log: logging.Logger | logging.LoggerAdapter, tail: deque) -> None:
