@@ -79,13 +79,7 @@ def _settings(args: argparse.Namespace, recipe: SpeedupConfig) -> SpeedupConfig:
 
 def serving_depths(cfg: PipelineConfig, settings: SpeedupConfig) -> list[int | None]:
     """Draft tokens per step each speculating server is told; [None]: the export records them (block drafters)."""
-    if cfg.drafter.serving_tokens(1) is None:
-        if settings.draft_tokens is not None:
-            raise ValueError(
-                f"draft_tokens: a {cfg.drafter.kind} drafter drafts the block its export fixes; leave it out"
-            )
-        return [None]
-    return [cfg.drafter.serving_tokens(d) for d in settings.draft_tokens or (cfg.evaluate.num_draft_tokens,)]
+    return cfg.drafter.serving_depths(settings.draft_tokens, cfg.evaluate.num_draft_tokens)
 
 
 def run_prompts(cfg: PipelineConfig, run_dir: Path, limit: int) -> list[str]:
@@ -130,14 +124,14 @@ def cmd_speedup(args: argparse.Namespace) -> int:
     try:
         run_dir, cfg = _run_and_recipe(args.run)
         settings = _settings(args, cfg.speedup)
-        serving_depths(cfg, settings)
+        depths = serving_depths(cfg, settings)
     except ValueError as err:
         print(f"speedup: {err}", file=sys.stderr)
         return 2
     train_key = json.loads((run_dir / "train" / "manifest.json").read_text()).get("key", "")
     prompts = run_prompts(cfg, run_dir, settings.max_prompts)
     # The depths served, not just the settings: a null draft_tokens follows evaluate.num_draft_tokens.
-    served = [train_key, settings.model_dump(mode="json"), serving_depths(cfg, settings), prompts]
+    served = [train_key, settings.model_dump(mode="json"), depths, prompts]
     key = hashlib.sha256(json.dumps(served).encode()).hexdigest()
     path = run_dir / "speedup" / RESULT
     cached = json.loads(path.read_text()) if path.exists() else None

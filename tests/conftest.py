@@ -9,7 +9,7 @@ from pathlib import Path
 
 # `python -m pytest` puts the checkout first on sys.path, where its top-level folders (kernels/, core/, ...),
 # draftsmith's subpackages, would shadow installed packages of the same name: transformers imports `kernels`.
-# The checkout stays on the path, for `tests.*`, but last. Children started with -m or -c get PYTHONSAFEPATH.
+# The checkout stays on the path, for `tests.*`, but last.
 _CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _CHECKOUT] + [str(_CHECKOUT)]
 

@@ -69,6 +69,15 @@ class DrafterConfigBase(StrictModel):
         """Draft tokens per step a serving engine must be told for this drafter; None: its export says."""
         return None
 
+    def serving_depths(self, requested: tuple[int, ...] | None, num_draft_tokens: int) -> list[int | None]:
+        """Draft tokens per step each speculating server is told (`speedup.draft_tokens`, default the
+        evaluation's `num_draft_tokens`); [None] for a drafter whose export fixes them, which takes none."""
+        if self.serving_tokens(num_draft_tokens) is None:
+            if requested is not None:
+                raise ValueError(f"draft_tokens: a {self.kind} drafter drafts the block its export fixes; leave it out")
+            return [None]
+        return [self.serving_tokens(d) for d in requested or (num_draft_tokens,)]
+
     def calibration_prompts(self, requested: int) -> int:
         """Prompts of the confidence calibration pass the evaluation runs (`evaluate.calibration_prompts`)."""
         return 0

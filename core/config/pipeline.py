@@ -81,10 +81,10 @@ class PipelineConfig(StrictModel):
 
     def _drafter_checks(self) -> None:
         self.drafter.check_target(self.target)
-        if self.speedup.draft_tokens is not None and self.drafter.serving_tokens(1) is None:
-            raise ValueError(
-                f"speedup.draft_tokens: a {self.drafter.kind} drafter drafts the block its export fixes; leave it out"
-            )
+        try:
+            self.drafter.serving_depths(self.speedup.draft_tokens, self.evaluate.num_draft_tokens)
+        except ValueError as err:
+            raise ValueError(f"speedup.{err}") from None
 
 
 def _rebuild_drafter_field() -> None:
