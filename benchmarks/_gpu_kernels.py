@@ -61,6 +61,14 @@ def _inputs(op: str, a, torch, dev, dtype):
     return leaves, {}, rand(1, T, H)
 
 
+def _error(e: BaseException) -> str:
+    """The error and its cause, tail kept: a Triton CompilationError names the real problem last, in its cause."""
+    text = f"{type(e).__name__}: {e}"
+    if e.__cause__ is not None:
+        text += f" <- {type(e.__cause__).__name__}: {e.__cause__}"
+    return text if len(text) <= 1500 else text[:300] + " ... " + text[-1200:]
+
+
 def _fns(op: str, a, torch, kernels_mod):
     """`{impl: fn(leaves, other) -> output}` for reference, compiled reference and triton."""
     from draftsmith.kernels.dyn_conv import dyn_conv, dyn_conv_reference
@@ -188,7 +196,7 @@ def main(argv=None) -> int:
             try:
                 results[impl] = _measure(torch, dev, fn, leaves, other, dy, a.repeats)
             except Exception as e:  # one failing case must not hide the others' figures
-                print(f"{op} {impl}: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+                print(f"{op} {impl}: ERROR {_error(e)}", flush=True)
                 failed.append(f"{op} {impl}: {type(e).__name__}")
                 continue
             ms, gib = results[impl]
@@ -197,7 +205,7 @@ def main(argv=None) -> int:
             err = _parity(torch, fns, leaves, other, dy)
         except Exception as e:
             err = float("inf")
-            print(f"{op} parity: ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+            print(f"{op} parity: ERROR {_error(e)}", flush=True)
         ok = err <= PARITY[str(dtype).removeprefix("torch.")]
         print(f"{op} parity (relative L2, triton vs reference): {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:

@@ -17,7 +17,8 @@ Everything is computed in fp32 (the interpreter's bf16 arithmetic is broken; on 
 import triton
 import triton.language as tl
 
-FLOOR = -1.0e30
+# A constexpr: a jitted function may read a global only when it is one (the interpreter does not check).
+FLOOR = tl.constexpr(-1.0e30)
 
 
 @triton.jit
