@@ -39,7 +39,8 @@ SMOLLM2_VERSION = "0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_END_TOKEN = "<|im_end|>"
 # Bump when a build recipe changes so existing cached folders stop matching and get rebuilt.
-RECIPE_VERSION = 1
+# 2: config.json and generation_config.json no longer record the transformers version that wrote them.
+RECIPE_VERSION = 2
 # Measured: at the HF default 0.02 (and at 0.05) the residual stream is dominated by the input embedding,
 # so the tied lm_head copies the last prompt token forever; at 0.1 greedy output mixes repeats and new
 # tokens (4-22 distinct of 32, seeds 0-3); from 0.15 nearly every token differs, which is noise-like.
@@ -243,6 +244,16 @@ def _check_tokenizer(folder: Path) -> None:
         raise RuntimeError(f"tokenizer saved in {folder} is unusable: " + "; ".join(problems))
 
 
+def _drop_library_version(folder: Path) -> None:
+    """Remove `transformers_version` from the saved configs, so that a folder's bytes (and the run keys that
+    hash them) depend on the model alone, not on which transformers release converted it."""
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        config = json.loads(path.read_text())
+        if config.pop("transformers_version", None) is not None:
+            path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def _convert_smollm2(out: Path) -> None:
     """Fetch the SmolLM2 GGUF and write it to `out` as a bf16 safetensors Llama folder with its tokenizer."""
     import torch
@@ -274,6 +285,7 @@ def _convert_smollm2(out: Path) -> None:
     model.to(torch.bfloat16)
     model.generation_config = tf.GenerationConfig(**special)
     model.save_pretrained(out, safe_serialization=True)
+    _drop_library_version(out)
     tok.save_pretrained(out)
     _check_tokenizer(out)
 
@@ -322,6 +334,7 @@ def _build_tiny(out: Path, *, tokenizer_dir: Path, seed: int, shape: dict[str, i
     model.to(torch.float32)
     model.generation_config = tf.GenerationConfig(**special)
     model.save_pretrained(out, safe_serialization=True)
+    _drop_library_version(out)
     _check_tokenizer(out)
 
 

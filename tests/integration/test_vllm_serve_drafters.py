@@ -42,7 +42,10 @@ SERVE_TIMEOUT_S = 600
 
 def run_driver(target: str, log: Path, *extra: str) -> tuple[int, dict | None]:
     """Run the driver in its own process group; the group is stopped (TERM, then KILL) whatever happens."""
-    cmd = [str(DEFAULT_VLLM_PYTHON), str(DRIVER), "--target", target, "--enforce-eager", "--max-tokens", "24", *extra]
+    # fp32, as draftsmith serves on CPU (evals.speedup.CPU_SERVE_ARGS): in bf16 the verification pass's batch
+    # shape changes the rounding, and a near-tie can then flip a greedy token against the plain run.
+    cmd = [str(DEFAULT_VLLM_PYTHON), str(DRIVER), "--target", target, "--enforce-eager", "--dtype", "float32"]
+    cmd += ["--max-tokens", "24", *extra]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True)
