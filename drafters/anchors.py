@@ -62,15 +62,20 @@ def uniform_anchors(
 def _fill_slots(
     loss_mask_BS: torch.Tensor, num: int, depth: int, pick: Callable[[torch.Tensor], torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`anchors`, `keep` `[B, num]`: each row's picked candidates first, the rest dropped (anchor 0)."""
-    B = loss_mask_BS.shape[0]
+    """`anchors`, `keep` `[B, num]` on the mask's device: each row's picked candidates first, the rest dropped
+    (anchor 0)."""
+    # The objective's generator is a CPU one (a micro-batch's seed gives the same anchors whatever device
+    # trains it), and the per-row search is host work anyway (`len(cand)`): one copy of the mask to the host
+    # instead of a sync per row, then the slots go to the mask's device. On CPU both moves are no-ops.
+    mask_BS = loss_mask_BS.cpu()
+    B = mask_BS.shape[0]
     anchors = torch.zeros(B, num, dtype=torch.long)
     keep = torch.zeros(B, num, dtype=torch.bool)
     for b in range(B):
-        cand = candidates(loss_mask_BS[b], depth)
+        cand = candidates(mask_BS[b], depth)
         if len(cand) == 0:
             continue
         picked = pick(cand)
         anchors[b, : len(picked)] = picked
         keep[b, : len(picked)] = True
-    return anchors, keep
+    return anchors.to(loss_mask_BS.device), keep.to(loss_mask_BS.device)

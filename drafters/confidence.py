@@ -103,7 +103,8 @@ def survival(logits_Q: torch.Tensor, temperatures_Q: torch.Tensor) -> torch.Tens
     if logits.ndim == 0:
         raise ValueError("logits_Q: expected [..., Q], got a scalar")
     t = _check_temperatures(temperatures_Q, logits.shape[-1], "temperatures_Q")
-    return torch.sigmoid(logits.to(torch.float64) / t).cumprod(-1)
+    # A calibration's temperatures are host values; the logits can come from a drafter on an accelerator.
+    return torch.sigmoid(logits.to(torch.float64) / t.to(logits.device)).cumprod(-1)
 
 
 def truncate(logits_Q: torch.Tensor, temperatures_Q: torch.Tensor, threshold: float) -> int:

@@ -126,11 +126,13 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn_inv_freq(head_dim: int, theta: float, s: RopeScaling) -> tuple[torch.Tensor, float]:
-    """YaRN's blended inverse frequencies `[d/2]` and its cos/sin scale."""
+def _yarn_inv_freq(
+    head_dim: int, theta: float, s: RopeScaling, device: torch.device | None = None
+) -> tuple[torch.Tensor, float]:
+    """YaRN's blended inverse frequencies `[d/2]` (on `device`) and its cos/sin scale."""
     if s.original_max_position_embeddings is None:
         raise ValueError("rope_parameters.original_max_position_embeddings: required for yarn")
-    pos_freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (s.factor * pos_freqs)
 
     def correction_dim(rotations: float) -> float:
@@ -144,7 +146,7 @@ def _yarn_inv_freq(head_dim: int, theta: float, s: RopeScaling) -> tuple[torch.T
     low, high = max(low, 0), min(high, head_dim - 1)
     if low == high:
         high += 0.001  # avoid a zero-width ramp
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp  # 1: extrapolate (high frequency), 0: interpolate
     inv_freq = interpolation * (1 - keep) + extrapolation * keep
     if s.attention_factor is not None:
@@ -160,11 +162,13 @@ def rope_tables(
     positions: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin `[..., d]` for integer `positions` `[...]` (Llama's half-split layout), YaRN-scaled if asked."""
+    # The frequencies are made where the positions live: a CPU table would meet accelerator positions.
+    device = positions.device
     if scaling is None or scaling.rope_type == "default":
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
         att = 1.0
     else:
-        inv_freq, att = _yarn_inv_freq(head_dim, theta, scaling)
+        inv_freq, att = _yarn_inv_freq(head_dim, theta, scaling, device)
     angles = positions.float()[..., None] * inv_freq
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos() * att, emb.sin() * att

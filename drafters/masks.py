@@ -91,9 +91,9 @@ def anchored_ttt(anchors_BN: torch.Tensor, keep_BN: torch.Tensor, ctx_len: int, 
     return mod
 
 
-def dense(mod: MaskMod, B: int, Q: int, K: int) -> torch.Tensor:
-    """`[B, 1, Q, K]` bool for SDPA's `attn_mask`."""
-    return create_mask(mod, B, None, Q, K, device="cpu")
+def dense(mod: MaskMod, B: int, Q: int, K: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`[B, 1, Q, K]` bool for SDPA's `attn_mask`, on `device` (the device of the tensors `mod` reads)."""
+    return create_mask(mod, B, None, Q, K, device=device)
 
 
 def block_mask(mod: MaskMod, B: int, Q: int, K: int, device: str = "cpu") -> BlockMask:

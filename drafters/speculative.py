@@ -119,7 +119,8 @@ def speculative_decode(
 ) -> Decoded:
     """Speculative decoding of one prompt `[S]`. `rule` (token | block) applies when sampling; greedy
     sampling always verifies greedily. `truncate(draft) -> n` keeps the first n drafts (n >= 0)."""
-    generator = generator or torch.Generator().manual_seed(0)
+    # `draw` and the verification rules sample on the logits' device, so the default generator lives there.
+    generator = generator or torch.Generator(device=prompt_S.device).manual_seed(0)
     start_time = time.perf_counter()
     rec = TapRecorder(target, taps)
     with rec:
@@ -164,7 +165,8 @@ def plain_decode(
     generator: torch.Generator | None = None,
 ) -> Decoded:
     """The baseline: one target forward per token with a KV cache, greedy or sampled alike."""
-    generator = generator or torch.Generator().manual_seed(0)
+    # `draw` and the verification rules sample on the logits' device, so the default generator lives there.
+    generator = generator or torch.Generator(device=prompt_S.device).manual_seed(0)
     start_time = time.perf_counter()
     out = target(input_ids=prompt_S[None], use_cache=True)
     cache, generated = out.cache, [draw(out.logits[0, -1], sampling, generator)[0]]

@@ -18,14 +18,14 @@ def build_draft_vocab(counts_V: torch.Tensor, draft_vocab_size: int) -> tuple[to
         raise ValueError(f"draft_vocab_size {draft_vocab_size} exceeds the target vocabulary ({vocab_size})")
     order = torch.argsort(counts_V.to(torch.int64), descending=True, stable=True)
     kept = order[:draft_vocab_size].sort().values
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool, device=counts_V.device)
     t2d[kept] = True
-    return kept - torch.arange(draft_vocab_size), t2d
+    return kept - torch.arange(draft_vocab_size, device=kept.device), t2d
 
 
 def draft_ids(d2t: torch.Tensor) -> torch.Tensor:
     """Target id of every draft id, `[Vd]`."""
-    return torch.arange(d2t.numel()) + d2t
+    return torch.arange(d2t.numel(), device=d2t.device) + d2t
 
 
 def check_vocab(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
@@ -43,6 +43,8 @@ def check_vocab(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
 
 def target_to_draft(t2d: torch.Tensor) -> torch.Tensor:
     """Draft index of each target id, -1 where the id is not draftable, `[V]`."""
-    index = torch.full((t2d.numel(),), -1, dtype=torch.int64)
-    index[t2d] = torch.arange(int(t2d.sum()))
-    return index
+    # The rank of each kept id among the kept ids, by a cumulative sum: no host sync, no boolean indexing,
+    # so it stays on t2d's device (and runs on meta tensors, as device-placement tests need).
+    kept = t2d.bool()
+    rank = kept.to(torch.int64).cumsum(0) - 1
+    return torch.where(kept, rank, torch.full_like(rank, -1))

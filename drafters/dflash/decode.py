@@ -82,7 +82,7 @@ def default_pick(
     q = probs
     if drafter.spec.draft_vocab_size is not None:  # lay the pruned distributions over the target vocabulary
         q = probs.new_zeros(probs.shape[0], drafter.spec.vocab_size)
-        q[:, drafter.to_target(torch.arange(probs.shape[1]))] = probs
+        q[:, drafter.to_target(torch.arange(probs.shape[1], device=probs.device))] = probs
     return Draft(drafter.to_target(picks), q)
 
 
@@ -108,7 +108,7 @@ class BlockProposer:
 
     def propose(self, last: int, sampling: Sampling, generator: torch.Generator) -> Draft:
         h = draft_block_hidden(self.drafter, self.ctx, last)
-        draft = self.pick(self.drafter, h, torch.tensor(last), sampling, generator)
+        draft = self.pick(self.drafter, h, torch.tensor(last, device=h.device), sampling, generator)
         return Draft(draft.tokens.reshape(-1).long(), draft.q, draft.confidence)
 
     def accept(self, features_nF: torch.Tensor, emitted: list[int]) -> None:

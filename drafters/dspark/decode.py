@@ -64,7 +64,7 @@ def _over_target(drafter: DSparkDrafter, q_Vout: torch.Tensor) -> torch.Tensor:
     if drafter.spec.draft_vocab_size is None:
         return q_Vout
     q = q_Vout.new_zeros(drafter.spec.vocab_size)
-    q[drafter.to_target(torch.arange(q_Vout.numel()))] = q_Vout
+    q[drafter.to_target(torch.arange(q_Vout.numel(), device=q_Vout.device))] = q_Vout
     return q
 
 

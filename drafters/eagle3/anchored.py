@@ -54,7 +54,7 @@ def anchored_hidden(
             allowed = (torch.arange(S, device=dev)[None, :] <= anchors_BN[..., None])[:, None]
         else:
             keys, values = torch.cat([keys, k_new], dim=2), torch.cat([values, v_new], dim=2)
-            allowed = masks.dense(masks.anchored_ttt(anchors_BN, keep_BN, S, d), B, N, S + d * N)
+            allowed = masks.dense(masks.anchored_ttt(anchors_BN, keep_BN, S, d), B, N, S + d * N, device=dev)
         h_out = layer.finish(_attend(q, keys, values, allowed, attn.scale), hidden)
         outputs.append(h_out)
         hidden = model.norm(h_out) if model.spec.norm_output else h_out
@@ -123,5 +123,5 @@ def anchored_loss_fused(
         else:
             target = Target(logits=target_logits_nVd[row_of[b, p]])
         out = model.lm_head.fused_loss(x, HeadLossCall(target=target, w_soft=mean))
-        terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n)))
+        terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n, device=x.device)))
     return combine(terms, decay)

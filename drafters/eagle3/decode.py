@@ -44,11 +44,12 @@ def _draft_forward(
     layer = drafter.midlayer
     x = layer.attn_input(drafter.embed_tokens(tokens_S)[None], hidden_SH[None])
     S = tokens_S.numel()
-    q, k, v = layer.self_attn.qkv(x, torch.arange(start, start + S))
+    q, k, v = layer.self_attn.qkv(x, torch.arange(start, start + S, device=x.device))
     past = cache.length
     keys, values = cache.append(k, v)
     scores = q @ keys.transpose(-1, -2) * layer.self_attn.scale
-    allowed = torch.arange(keys.shape[2])[None, :] <= past + torch.arange(S)[:, None]
+    dev = scores.device
+    allowed = torch.arange(keys.shape[2], device=dev)[None, :] <= past + torch.arange(S, device=dev)[:, None]
     probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     logits, next_hidden = drafter.head(layer.finish(probs @ values, hidden_SH[None]))
     return logits[0], next_hidden[0]
@@ -78,7 +79,7 @@ def _draft_chain(
             logits, hidden = _draft_forward(drafter, drafts[-1].view(1), hidden, pos, cache)
             pos += 1
         index, q_d = draw(logits[-1], sampling, generator)
-        drafts.append(drafter.draft_to_target(torch.tensor(index)))
+        drafts.append(drafter.draft_to_target(torch.tensor(index, device=logits.device)))
         hidden = hidden[-1:]
         if q_d is not None:
             qs.append(_to_target_vocab(drafter, q_d))
@@ -89,7 +90,7 @@ def _draft_chain(
 def _to_target_vocab(drafter: Eagle3Drafter, q_Vd: torch.Tensor) -> torch.Tensor:
     """A draft-vocabulary distribution `[Vd]` laid out over the target vocabulary `[V]`."""
     q = q_Vd.new_zeros(drafter.t2d.numel())
-    q[drafter.draft_to_target(torch.arange(q_Vd.numel()))] = q_Vd
+    q[drafter.draft_to_target(torch.arange(q_Vd.numel(), device=q_Vd.device))] = q_Vd
     return q
 
 
@@ -111,7 +112,7 @@ class EagleProposer:
         return draft
 
     def accept(self, features_nF: torch.Tensor, emitted: list[int]) -> None:
-        self.feats, self.tokens = features_nF, torch.tensor(emitted, dtype=torch.long)
+        self.feats, self.tokens = features_nF, torch.tensor(emitted, dtype=torch.long, device=features_nF.device)
 
 
 def speculative_generate(

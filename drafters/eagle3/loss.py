@@ -106,13 +106,13 @@ def _fused_terms(model, step_hidden, mask_BS, decay, target_of: Callable[[torch.
         n = rows.shape[0]
         mean = torch.full((n,), 1.0 / max(n, 1), device=rows.device)
         out = model.lm_head.fused_loss(rows, HeadLossCall(target=target_of(keep), w_soft=mean))
-        terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n)))
+        terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n, device=rows.device)))
     return combine(terms, decay)
 
 
 def depth_term(logits_nVd: torch.Tensor, target_logp_nVd: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """One depth's soft cross-entropy mean, argmax accuracy and count over its n counted positions."""
-    n = torch.tensor(logits_nVd.shape[0])
+    n = torch.tensor(logits_nVd.shape[0], device=logits_nVd.device)
     denom = n.clamp(min=1)
     loss = -(target_logp_nVd.exp() * logits_nVd.log_softmax(-1)).sum() / denom
     acc = (logits_nVd.argmax(-1) == target_logp_nVd.argmax(-1)).sum() / denom
@@ -122,7 +122,7 @@ def depth_term(logits_nVd: torch.Tensor, target_logp_nVd: torch.Tensor) -> tuple
 def combine(terms: list[tuple[torch.Tensor, ...]], decay: float) -> TTTLoss:
     """`TTTLoss` from per-depth `(loss, acc, count)`, depth k weighted `decay**k`."""
     step_loss = torch.stack([t[0] for t in terms])
-    weights = decay ** torch.arange(len(terms), dtype=step_loss.dtype)
+    weights = decay ** torch.arange(len(terms), dtype=step_loss.dtype, device=step_loss.device)
     return TTTLoss(
         total=(weights * step_loss).sum(),
         step_loss=step_loss,

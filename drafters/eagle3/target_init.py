@@ -61,4 +61,4 @@ def init_from_target_layer(drafter: Eagle3Drafter, target_model: nn.Module, inde
         if H != Ht:
             raise ValueError(f"{FIELD}: fc_last_tap needs the drafter width ({H}) to equal the target's ({Ht})")
         drafter.fc.weight.zero_()
-        drafter.fc.weight[:, (N - 1) * Ht :] = torch.eye(H)
+        drafter.fc.weight[:, (N - 1) * Ht :] = torch.eye(H, device=drafter.fc.weight.device)
