@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_check.sh            # ~6 minutes on an H200
 #
 # Environment: PYTHON (default python3), OUT (logs and the JSON lines are copied there), KERNEL_BUDGET_S
-# (150), TRAIN_BUDGET_S (150), KERNEL_T (rows of the kernel cases, 8192), TRAIN_SEQ (4096).
+# (150), TRAIN_BUDGET_S (150), KERNEL_T (rows of the kernel cases, 8192), KERNEL_OPS (all four), TRAIN_SEQ
+# (4096), TRAIN_FAMILIES (all three).
 # Exit status: the first failing check's, after both have run.
 set -uo pipefail
 
@@ -35,9 +36,11 @@ fi
 status=0
 echo "== kernels"
 CHECK_TIMEOUT=$(( ${KERNEL_BUDGET_S:-150} + 120 )) bash benchmarks/gpu_kernels.sh \
-  --budget-s "${KERNEL_BUDGET_S:-150}" --T "${KERNEL_T:-8192}" || status=$?
+  --budget-s "${KERNEL_BUDGET_S:-150}" --T "${KERNEL_T:-8192}" \
+  --ops "${KERNEL_OPS:-head_eagle3,head_dspark,rms_norm,dyn_conv}" || status=$?
 echo "== trainer"
 CHECK_TIMEOUT=$(( ${TRAIN_BUDGET_S:-150} + 120 )) bash benchmarks/gpu_train_check.sh \
-  --budget-s "${TRAIN_BUDGET_S:-150}" --seq "${TRAIN_SEQ:-4096}" || { rc=$?; [ "$status" -ne 0 ] || status=$rc; }
+  --budget-s "${TRAIN_BUDGET_S:-150}" --seq "${TRAIN_SEQ:-4096}" --families "${TRAIN_FAMILIES:-eagle3,dflash2,dspark}" \
+  || { rc=$?; [ "$status" -ne 0 ] || status=$rc; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
 exit "$status"
