@@ -11,6 +11,7 @@ table and a JSON line; exit status 1 when a case failed, was skipped for time, o
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -28,6 +29,9 @@ def parse_args(argv=None):
     p.add_argument("--ops", default="head_eagle3,head_dspark,rms_norm,dyn_conv", help="Comma-separated ops.")
     p.add_argument("--repeats", type=int, default=3, help="Timed runs per case (after one warm-up).")
     p.add_argument("--budget-s", type=float, default=420.0, help="Start no new op after this many seconds.")
+    p.add_argument(
+        "--chunk-rows", default="", help="Comma-separated row-chunk sizes to time the head-loss kernel at as well."
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.T, args.H, args.V, args.rank, args.repeats = 63, 64, 300, 8, 1
@@ -91,12 +95,15 @@ def _fns(op: str, a, torch, kernels_mod):
             extra = (lv["x2"], lv["w2"]) if dspark else (None, None)
             return head_loss_reference(lv["x"], lv["w"], target, ot.get("labels"), w3, dspark, *extra).loss
 
-        def tri(lv, ot):
+        def tri(lv, ot, chunk_rows=None):
             ws, wc, wl = weights(lv["x"])
             return head_loss(
                 lv["x"], lv["w"], target=Target(hidden=ot["th"], head=ot["tw"]), labels=ot.get("labels"),
-                w_soft=ws, w_ce=wc, w_l1=wl, extra=(lv["x2"], lv["w2"]) if dspark else None, mode="triton",
+                w_soft=ws, w_ce=wc, w_l1=wl, extra=(lv["x2"], lv["w2"]) if dspark else None,
+                chunk_rows=chunk_rows, mode="triton",
             ).loss  # fmt: skip
+
+        chunked = {f"triton-c{n}": functools.partial(tri, chunk_rows=int(n)) for n in a.chunk_rows.split(",") if n}
     elif op == "rms_norm":
 
         def ref(lv, ot):
@@ -115,7 +122,7 @@ def _fns(op: str, a, torch, kernels_mod):
             return dyn_conv(lv["x"], lv["base"], lv["delta"], block, mode="triton")
 
     compiled = torch.compile(ref, backend="eager" if a.smoke else "inductor", dynamic=False)
-    return {"reference": ref, "compiled": compiled, "triton": tri}
+    return {"reference": ref, "compiled": compiled, "triton": tri, **(chunked if op.startswith("head") else {})}
 
 
 def _step(fn, leaves, other, dy):
@@ -224,7 +231,7 @@ def _report(rows) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ref, comp = r.get("reference"), r.get("compiled")
-        for impl in ("reference", "compiled", "triton"):
+        for impl in ("reference", "compiled", "triton", *sorted(k for k in r if k.startswith("triton-c"))):
             if impl not in r:
                 continue
             m = r[impl]

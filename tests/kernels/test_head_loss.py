@@ -154,3 +154,13 @@ def test_the_loss_is_the_textbook_formula_on_a_hand_case():
     assert_close(out.ce, -logp_d[[0, 1], [2, 0]])
     assert out.acc.tolist() == [False, True] and out.hit.tolist() == [True, True]
     assert_close(out.loss, out.soft_ce.sum())
+
+
+@pytest.mark.parametrize(
+    ("V", "rows"), [(163840, 384), (49152, 1280), (4096, 16384), (300000, 128), (1 << 20, 64), (1 << 27, 1)]
+)
+def test_row_chunks_fill_whole_matrix_tiles_within_the_budget(V, rows):
+    from draftsmith.kernels.head_loss import DEFAULT_BUDGET, chunk_rows_for
+
+    assert chunk_rows_for(V) == rows
+    assert rows * V <= DEFAULT_BUDGET or rows == 1
