@@ -10,16 +10,18 @@ from draftsmith.kernels.head_loss.eager import head_loss_eager
 from draftsmith.kernels.head_loss.reference import head_loss_reference
 from draftsmith.kernels.head_loss.spec import HeadLossOut, Target, row_weights
 
-# fp32 elements of one chunk's `[C, V]` buffer (256 MiB): C = budget // V rows per chunk.
-DEFAULT_BUDGET = 1 << 26
-# Matrix units work in tiles of 128 rows (64 on older GPUs): a chunk of 409 rows (Kimi K3's V = 163840) runs
-# 4 tiles a chunk, 81 for 8192 rows against 64 with chunks of 384, in each of the chunk's matmuls.
+# Bytes of one chunk's `[C, V]` logits buffer (256 MiB): C = budget // (V * itemsize) rows per chunk. The kernel
+# holds the logits in the training dtype (bf16: twice the rows of fp32); the eager path widens them to fp32.
+DEFAULT_BUDGET = 1 << 28
+# Matrix units work in tiles of 128 rows (64 on older GPUs): a chunk of 409 rows (Kimi K3's V = 163840 in fp32)
+# runs 4 tiles a chunk, 81 for 8192 rows against 64 with chunks of 384, in each of the chunk's matmuls.
 ROW_ALIGN = 128
 
 
-def chunk_rows_for(V: int, budget: int = DEFAULT_BUDGET) -> int:
-    """Rows per chunk: as many as fit `budget` fp32 logits, rounded down to a multiple of `ROW_ALIGN`."""
-    rows = max(1, budget // max(V, 1))
+def chunk_rows_for(V: int, itemsize: int = 4, budget: int = DEFAULT_BUDGET) -> int:
+    """Rows per chunk: as many `[V]` rows of `itemsize`-byte logits as fit `budget` bytes, rounded down to a
+    multiple of `ROW_ALIGN`."""
+    rows = max(1, budget // max(V * itemsize, 1))
     return rows - rows % ROW_ALIGN if rows >= ROW_ALIGN else rows
 
 
@@ -62,7 +64,8 @@ def head_loss(
         w_soft, w_ce, w_l1: per-row weights `[T]` of soft CE (forward KL up to the target's entropy), CE and
             L1; L1 is computed only when `w_l1` is given.
         extra: `(x2 [T, r], W2 [V, r])` added to the logits (DSpark's Markov bias), differentiable too.
-        chunk_rows: rows per chunk (default: a 256 MiB fp32 `[C, V]` buffer); block_v: kernel tile width.
+        chunk_rows: rows per chunk (default: `chunk_rows_for`, a `DEFAULT_BUDGET` buffer of the path's logits);
+            block_v: kernel tile width.
         mode: `auto` / `reference` / `triton` (default: the process mode, `kernels.dispatch`); `auto` runs the
             kernel on CUDA and `eager.head_loss_eager` (the same gradients, made in forward) elsewhere.
     """
@@ -76,8 +79,8 @@ def head_loss(
     ex, ew = extra if extra is not None else (None, None)
     if ex is not None:
         ex = ex.to(ew.dtype)
-    rows = chunk_rows or chunk_rows_for(V)
     if dispatch.choose("head_loss", x_TD.device, mode) == "reference":
+        rows = chunk_rows or chunk_rows_for(V)
         # `auto` without the kernel (CPU) runs the same loss with its gradient made in forward (`eager`); an
         # explicit `reference`, and a step without autograd, run plain autograd over the reference.
         if (mode or dispatch.get_mode()) == "reference" or not torch.is_grad_enabled():
@@ -86,6 +89,7 @@ def head_loss(
     from draftsmith.kernels.head_loss.function import head_loss_triton
 
     bv = block_v or min(1024, max(16, 1 << (V - 1).bit_length()))
+    rows = chunk_rows or chunk_rows_for(V, x_TD.element_size())
     return head_loss_triton(x_TD, weight_VD, target, labels, w3, need_l1, ex, ew, rows, bv)
 
 

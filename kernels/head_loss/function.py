@@ -1,7 +1,8 @@
 """The fused head loss as an `autograd.Function`: the Triton path, and the chunk loop the eager path shares.
 
 Rows are processed in chunks of C rows (C·V bounded by a memory budget). Per chunk: the draft logits
-`[C, V]` (one matmul, in the inputs' dtype as the reference does, widened to fp32), the target's logits
+`[C, V]` (one matmul, in the inputs' dtype as the reference does; widened to fp32 for the eager routine, read
+as they are by the kernel, which computes in fp32 and writes `dloss/dz` back in that dtype), the target's logits
 for the same rows (a slice, a matmul with the frozen target head, or a top-k scatter), one kernel launch that
 computes the per-row terms and turns the logits into `dloss/dz` in place, then `dx = g @ W` and
 `dW += g.T @ x`. The gradient is therefore complete when forward returns (the row weights are forward
@@ -60,9 +61,11 @@ class FusedHeadLoss(torch.autograd.Function):
     """`(loss, out3 [3, T], arg2 [2, T])`; only `loss` is differentiable (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x_TD, weight_VD, extra_x, extra_w, target, labels_T, w3_T, need_l1, chunk_rows, launch):
+    def forward(ctx, x_TD, weight_VD, extra_x, extra_w, target, labels_T, w3_T, need_l1, chunk_rows, launch, widen):
         """`launch(z, zt, labels, w3, out3, arg2, row0, need_l1)` fills a chunk's rows of `out3`/`arg2` and turns
-        its logits `z` `[C, V]` into `dloss/dz` in place: the Triton kernel, or `eager.rows_eager`."""
+        its logits `z` `[C, V]` into `dloss/dz` in place: the Triton kernel, or `eager.rows_eager`. `widen`: `z`
+        is fp32 (the eager routine computes in its input's dtype), else the inputs' dtype (the kernel reads
+        and writes it, computing in fp32, which saves two passes over the chunk's logits)."""
         T, V = x_TD.shape[0], weight_VD.shape[0]
         dev = x_TD.device
         out3 = torch.empty(3, T, dtype=torch.float32, device=dev)
@@ -75,7 +78,8 @@ class FusedHeadLoss(torch.autograd.Function):
         for r0 in range(0, T, chunk_rows):
             r1 = min(T, r0 + chunk_rows)
             x = x_TD[r0:r1]
-            z = draft_logits(x, weight_VD, None if extra_x is None else extra_x[r0:r1], extra_w).contiguous()
+            ex = None if extra_x is None else extra_x[r0:r1]
+            z = draft_logits(x, weight_VD, ex, extra_w, widen=widen).contiguous()
             zt = None if target is None else target.rows(r0, r1, V).contiguous()
             launch(z, zt, labels_T, w3, out3, arg2, r0, need_l1)
             g = z.to(x.dtype)
@@ -98,7 +102,7 @@ class FusedHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _g_out3, _g_arg2):
         grads = [g * grad_loss.to(g.dtype) if p else None for g, p in zip(ctx.saved_tensors, ctx.present, strict=True)]
-        return grads[0], grads[1], grads[2], grads[3], None, None, None, None, None, None
+        return grads[0], grads[1], grads[2], grads[3], None, None, None, None, None, None, None
 
 
 def head_loss_triton(
@@ -116,15 +120,18 @@ def head_loss_triton(
     """`HeadLossOut` from the kernel; arguments as `reference.head_loss_reference`."""
     launch = functools.partial(_launch, block_v=block_v)
     return fused_head_loss(
-        x_TD, weight_VD, target, labels_T, w3_T, need_l1, extra_x_Tr, extra_weight_Vr, chunk_rows, launch
+        x_TD, weight_VD, target, labels_T, w3_T, need_l1, extra_x_Tr, extra_weight_Vr, chunk_rows, launch, widen=False
     )
 
 
-def fused_head_loss(x_TD, weight_VD, target, labels_T, w3_T, need_l1, extra_x_Tr, extra_weight_Vr, chunk_rows, launch):
+def fused_head_loss(
+    x_TD, weight_VD, target, labels_T, w3_T, need_l1, extra_x_Tr, extra_weight_Vr, chunk_rows, launch, *, widen=True
+):
     """`HeadLossOut` from `FusedHeadLoss` with a row routine `launch` (see `FusedHeadLoss.forward`)."""
     loss, out3, arg2 = FusedHeadLoss.apply(
-        x_TD, weight_VD, extra_x_Tr, extra_weight_Vr, target, labels_T, w3_T, need_l1, max(1, chunk_rows), launch
-    )
+        x_TD, weight_VD, extra_x_Tr, extra_weight_Vr, target, labels_T, w3_T, need_l1, max(1, chunk_rows), launch,
+        widen,
+    )  # fmt: skip
     has_t = target is not None
     return HeadLossOut(
         loss=loss,

@@ -13,12 +13,13 @@ from torch.utils.checkpoint import checkpoint
 from draftsmith.kernels.head_loss.spec import FLOOR, HeadLossOut, Target
 
 
-def draft_logits(x_TD, weight_VD, extra_x_Tr=None, extra_weight_Vr=None) -> torch.Tensor:
-    """`[T, V]` fp32: `x @ W.T (+ x2 @ W2.T)` in the inputs' dtype, then widened (as the drafters' heads do)."""
+def draft_logits(x_TD, weight_VD, extra_x_Tr=None, extra_weight_Vr=None, *, widen: bool = True) -> torch.Tensor:
+    """`[T, V]`: `x @ W.T (+ x2 @ W2.T)` in the inputs' dtype, then widened to fp32 (as the drafters' heads do)
+    unless `widen` is False."""
     z = x_TD @ weight_VD.T
     if extra_x_Tr is not None:
         z = z + extra_x_Tr @ extra_weight_Vr.T
-    return z.float()
+    return z.float() if widen else z
 
 
 def _rows(x, weight, extra_x, extra_weight, target_zt, labels, w3, need_l1):

@@ -11,7 +11,9 @@ Gradients with respect to logits z (p_d = softmax z):
   CE       -log p_d[label]       -> p_d - onehot(label)
   L1       sum |p_d - p_t|       -> p_d * (s - sum_v s_v p_d_v),   s = sign(p_d - p_t)
 
-Everything is computed in fp32 (the interpreter's bf16 arithmetic is broken; on a GPU fp32 is what we want).
+The logits arrive in the matmul's dtype (bf16 in training) and `dloss/dz` leaves in it, rounded to nearest
+even as torch's cast rounds; everything in between is computed in fp32 (the interpreter's bf16 arithmetic is
+broken; on a GPU fp32 is what we want).
 """
 
 import triton
@@ -19,6 +21,12 @@ import triton.language as tl
 
 # A constexpr: a jitted function may read a global only when it is one (the interpreter does not check).
 FLOOR = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _logits(ptrs, ok):
+    """Logits of any float dtype as fp32, FLOOR in masked lanes (read as 0 first: FLOOR overflows fp16)."""
+    return tl.where(ok, tl.load(ptrs, mask=ok, other=0.0).to(tl.float32), FLOOR)
 
 
 @triton.jit
@@ -47,13 +55,13 @@ def _stats_pass(
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + lanes
         ok = rok[:, None] & (cols < V)
-        d = tl.load(z_rows + cols, mask=ok, other=FLOOR)
+        d = _logits(z_rows + cols, ok)
         i_d = tl.where(d > m_d, cols, i_d)  # strict: the first maximum of a lane wins, as torch.argmax
         m_new = tl.maximum(m_d, d)
         s_d = s_d * tl.exp(m_d - m_new) + tl.where(ok, tl.exp(d - m_new), 0.0)
         m_d = m_new
         if HAS_T:
-            t = tl.where(ok, tl.load(zt_rows + cols, mask=ok, other=0.0).to(tl.float32), FLOOR)
+            t = _logits(zt_rows + cols, ok)
             live = ok & (t > FLOOR)
             i_t = tl.where(t > b_t, cols, i_t)
             b_t = tl.maximum(b_t, t)
@@ -92,8 +100,8 @@ def _l1_pass(z_rows, zt_rows, rok, V, lse_d, lse_t, BLOCK_T: tl.constexpr, BLOCK
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + lanes
         ok = rok[:, None] & (cols < V)
-        p_d = tl.where(ok, tl.exp(tl.load(z_rows + cols, mask=ok, other=FLOOR) - lse_d[:, None]), 0.0)
-        t = tl.where(ok, tl.load(zt_rows + cols, mask=ok, other=0.0).to(tl.float32), FLOOR)
+        p_d = tl.where(ok, tl.exp(_logits(z_rows + cols, ok) - lse_d[:, None]), 0.0)
+        t = _logits(zt_rows + cols, ok)
         p_t = tl.where(ok & (t > FLOOR), tl.exp(t - lse_t[:, None]), 0.0)
         diff = p_d - p_t
         l1_lane += tl.abs(diff)
@@ -111,22 +119,22 @@ def _grad_pass(
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + lanes
         ok = rok[:, None] & (cols < V)
-        p_d = tl.exp(tl.load(z_rows + cols, mask=ok, other=FLOOR) - lse_d[:, None])
+        p_d = tl.exp(_logits(z_rows + cols, ok) - lse_d[:, None])
         g = (w_soft + w_ce) * p_d - w_ce * tl.where(cols == label[:, None], 1.0, 0.0)
         if HAS_T:
-            t = tl.where(ok, tl.load(zt_rows + cols, mask=ok, other=0.0).to(tl.float32), FLOOR)
+            t = _logits(zt_rows + cols, ok)
             p_t = tl.where(t > FLOOR, tl.exp(t - lse_t[:, None]), 0.0)
             g -= w_soft * p_t
             if NEED_L1:
                 diff = p_d - p_t
                 sign = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
                 g += w_l1 * p_d * (sign - sdot[:, None])
-        tl.store(z_rows + cols, g, mask=ok)
+        tl.store(z_rows + cols, g.to(z_rows.dtype.element_ty), mask=ok)  # the logits' dtype, rounded to nearest
 
 
 @triton.jit
 def head_rows_kernel(
-    z_ptr,  # [C, V] fp32 draft logits; overwritten with dloss/dz
+    z_ptr,  # [C, V] draft logits (any float dtype); overwritten with dloss/dz in that dtype
     zt_ptr,  # [C, V] target logits (any float dtype), FLOOR where p_t = 0
     lab_ptr,  # [T] int64 labels
     w_ptr,  # [3, T] fp32 row weights (soft CE, CE, L1)

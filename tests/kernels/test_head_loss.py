@@ -157,10 +157,12 @@ def test_the_loss_is_the_textbook_formula_on_a_hand_case():
 
 
 @pytest.mark.parametrize(
-    ("V", "rows"), [(163840, 384), (49152, 1280), (4096, 16384), (300000, 128), (1 << 20, 64), (1 << 27, 1)]
+    ("V", "itemsize", "rows"),
+    [(163840, 4, 384), (163840, 2, 768), (49152, 4, 1280), (4096, 4, 16384), (300000, 4, 128), (1 << 20, 4, 64)],
 )
-def test_row_chunks_fill_whole_matrix_tiles_within_the_budget(V, rows):
+def test_row_chunks_fill_whole_matrix_tiles_within_the_budget(V, itemsize, rows):
     from draftsmith.kernels.head_loss import DEFAULT_BUDGET, chunk_rows_for
 
-    assert chunk_rows_for(V) == rows
-    assert rows * V <= DEFAULT_BUDGET or rows == 1
+    assert chunk_rows_for(V, itemsize) == rows
+    assert rows * V * itemsize <= DEFAULT_BUDGET
+    assert chunk_rows_for(1 << 27) == 1  # a row bigger than the budget still makes progress
