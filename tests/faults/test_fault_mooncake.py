@@ -46,12 +46,23 @@ def _producer(master, stream, tmp_path, run_id, **opts) -> subprocess.Popen:
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def _consume_and_kill(stream, master, after: int, pause_s: float) -> tuple[str, float]:
-    """Read samples (`pause_s` each, a slow trainer); SIGKILL the master after `after`; (error, seconds to it)."""
+def _queued_announcements(stream) -> int:
+    """Sample records waiting in the consumer's queue (the producer's lead), read without taking them."""
+    events = stream._server._events
+    with events.mutex:
+        return sum(ev.kind == "message" and ev.body.get("type") == "sample" for ev in events.queue)
+
+
+def _consume_and_kill(stream, master, after: int, pause_s: float, lead: int = 0) -> tuple[str, float]:
+    """Read samples (`pause_s` each, a slow trainer); SIGKILL the master after `after`, once at least `lead`
+    more are announced (a loaded machine can slow the producer); (error, seconds to it)."""
     killed = None
     with pytest.raises(MasterLost) as err:
         for i, _ in enumerate(stream):
             if i + 1 == after:
+                deadline = time.monotonic() + 60
+                while _queued_announcements(stream) < lead and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 os.kill(master.proc.pid, signal.SIGKILL)
                 killed = time.monotonic()
             time.sleep(pause_s)
@@ -68,7 +79,7 @@ def test_the_master_killed_mid_stream_fails_both_ends_naming_it_and_the_samples_
             # ~40 MiB of samples through a 16 MiB segment: the producer is held by back-pressure, far ahead.
             proc = _producer(master, stream, tmp_path, run_id, count=200, hidden=512, min_len=64, max_len=128)
             try:
-                text, waited = _consume_and_kill(stream, master, after=3, pause_s=0.3)
+                text, waited = _consume_and_kill(stream, master, after=3, pause_s=0.3, lead=2)
                 rc = proc.wait(timeout=60)
             finally:
                 stop_process(proc)
