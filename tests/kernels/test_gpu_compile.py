@@ -65,6 +65,20 @@ def _norms_and_convs(dtype: torch.dtype) -> None:
         dyn_conv(x, base, delta, 4, mode="triton").sum().backward()
 
 
+def _compile(launches: list[dict], tmp_path, pythonpath=None) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Compile `launches` in a child process without the interpreter, with a fresh triton cache (every launch
+    really compiles); the process and its per-launch JSON results."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    proc = subprocess.run(
+        [sys.executable, "-m", "draftsmith.kernels.gpu_compile"], input=json.dumps(launches), capture_output=True,
+        text=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    return proc, [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
 def test_every_launch_compiles_for_hopper_and_blackwell(interpreter, tmp_path):
     from draftsmith.kernels import gpu_compile
 
@@ -75,13 +89,7 @@ def test_every_launch_compiles_for_hopper_and_blackwell(interpreter, tmp_path):
     kernels = {launch["kernel"].rpartition(":")[2] for launch in launches}
     assert {"head_rows_kernel", "rms_fwd_kernel", "rms_bwd_kernel", "conv_fwd_kernel", "conv_bwd_kernel"} <= kernels
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a fresh cache: every launch really compiles
-    proc = subprocess.run(
-        [sys.executable, "-m", "draftsmith.kernels.gpu_compile"], input=json.dumps(launches), capture_output=True,
-        text=True, env=env, cwd=tmp_path, timeout=600,
-    )  # fmt: skip
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    proc, results = _compile(launches, tmp_path)
     failures = [f"{r['kernel']} sm_{r['arch']} {r['constexprs']}: {r['error']}" for r in results if not r["ok"]]
     assert not failures, "\n".join(failures)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -110,12 +118,6 @@ def test_a_global_the_compiler_cannot_read_is_reported(interpreter, tmp_path):
         assert x.tolist() == [2.0] * 5  # the interpreter ran it
     finally:
         sys.path.remove(str(tmp_path))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "draftsmith.kernels.gpu_compile"], input=json.dumps(launches), capture_output=True,
-        text=True, env=env, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    proc, results = _compile(launches, tmp_path, pythonpath=tmp_path)
     assert proc.returncode == 1 and results and not any(r["ok"] for r in results)
     assert "SCALE" in results[0]["error"]
