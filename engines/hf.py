@@ -65,7 +65,7 @@ def end_of_turn_ids(tok: PreTrainedTokenizerBase, model: PreTrainedModel) -> lis
     return ids
 
 
-def _generate_batch(
+def generate_texts(
     model: PreTrainedModel,
     tok: PreTrainedTokenizerBase,
     texts: Sequence[str],
@@ -116,7 +116,7 @@ def chat_generate(
 ) -> list[Completion]:
     """Answer each conversation's last user turn with one batched `generate` call (left padding)."""
     texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
-    outs = _generate_batch(model, tok, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    outs = generate_texts(model, tok, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     return [o[0] for o in outs]
 
 
@@ -186,7 +186,7 @@ class HFEngine:
                 )
                 for r in batch
             ]
-            outs = _generate_batch(
+            outs = generate_texts(
                 self.model,
                 self.tok,
                 texts,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ def load_sources(
     mix: dict[str, float] | None,
     seed: int,
     rejects: Rejects,
+    write: Callable[[PromptSource, int], Iterator[tuple[int, Any]]] | None = None,
 ) -> LoadedPrompts:
     """Read and normalise every source; unusable rows go to `rejects` with file, line and reason.
 
@@ -53,14 +54,20 @@ def load_sources(
         seed: Seed of the synthetic pool.
         rejects: Collector for unusable rows (reasons of `normalize_row`, plus `invalid_utf8`,
             `malformed_json` and `duplicate_id`).
+        write: `(source, count) -> rows` of a `target` source (`prompt_writer.written_rows`); required
+            when one is listed.
     """
     out = LoadedPrompts()
     seen_ids: dict[str, str] = {}
     for src in sources:
-        where = src.path or "synthetic"
+        where = src.path or src.kind
         if src.kind == "synthetic":
             records = prompt_pool.synthetic_pool(src.max_rows or synthetic_rows, seed=seed, mix=_synthetic_mix(mix))
             rows: Iterator[tuple[int, Any]] = ((i, r) for i, r in enumerate(records, start=1))
+        elif src.kind == "target":
+            if write is None:
+                raise ValueError("select.sources: a `target` source needs the target to write its prompts")
+            rows = write(src, src.max_rows or synthetic_rows)
         else:
             rows = _rows(src)
         read = 0
@@ -160,8 +167,8 @@ def hf_rows(src: PromptSource) -> Iterator[tuple[int, Any]]:
 
 def source_fingerprint(src: PromptSource) -> str:
     """What identifies a source's content for the stage key (hub datasets: name, split and revision)."""
-    if src.kind == "synthetic":
-        return "synthetic"
+    if src.kind in ("synthetic", "target"):
+        return src.kind  # their content follows from the recipe, the seed (and the target), all in the key
     assert src.path is not None
     if src.kind == "hf":
         return f"hf:{src.path}:{src.subset}:{src.split}:{src.revision}"

@@ -9,6 +9,7 @@ the category mix picks `num_prompts`, exactly `num_eval` of them are held out, a
 decontaminated against the held-out prompts. Every row read is accounted for: kept + dropped == read.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,10 +22,10 @@ from draftsmith.core.caching import stage_task
 from draftsmith.core.config import RegenerateConfig, SelectConfig, TargetConfig
 from draftsmith.core.config.select import PromptSource
 from draftsmith.core.manifest import StageManifest, file_entry
-from draftsmith.core.progress import Progress
+from draftsmith.core.progress import Progress, stage_progress
 from draftsmith.core.rejects import REJECTED_FILE, Rejects
 from draftsmith.core.stage import StageResult, run_stage, stage_key
-from draftsmith.tasks import prompt_filters, prompt_formats, prompt_sources
+from draftsmith.tasks import prompt_filters, prompt_formats, prompt_sources, prompt_writer
 from draftsmith.tasks.prompt_pool import PromptRecord
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ def select_prompts_key(
     and the context bound when `cfg.max_prompt_tokens` is unset."""
     folder = _tokenizer_folder(target)
     context = (_context_tokens(folder), answer_tokens) if cfg.max_prompt_tokens is None else None
+    # The target's identity matters only where it writes prompts; the tokenizer's is always in.
+    writes = any(s.kind == "target" for s in cfg.resolved_sources())
     return stage_key(
         STAGE,
         [sys.modules[__name__]],
@@ -112,6 +115,7 @@ def select_prompts_key(
         sources=_fingerprints(cfg),
         tokenizer=_tokenizer_fingerprint(folder),
         context=context,
+        **({"target": target} if writes else {}),
     )
 
 
@@ -142,9 +146,10 @@ def select_prompts(
 
     def compute(uri: str) -> StageResult:
         rejects = Rejects(STAGE)
-        loaded = prompt_sources.load_sources(
-            sources, synthetic_rows=2 * cfg.num_prompts, mix=cfg.mix, seed=seed, rejects=rejects
-        )
+        with _writer(sources, target, uri, 2 * cfg.num_prompts, seed) as write:
+            loaded = prompt_sources.load_sources(
+                sources, synthetic_rows=2 * cfg.num_prompts, mix=cfg.mix, seed=seed, rejects=rejects, write=write
+            )
         rejects.write(uri)  # before the check: its message points at the file
         rejects.check(loaded.read, cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
         counter = _token_counter(folder, target.trust_remote_code)
@@ -162,6 +167,21 @@ def select_prompts(
         return StageResult(files=files, counts=counts, info={"tokenizer": str(folder)})
 
     return run_stage(STAGE, out_uri, key, compute)
+
+
+@contextlib.contextmanager
+def _writer(sources: list[PromptSource], target: TargetConfig, uri: str, default_rows: int, seed: int):
+    """`load_sources`' `write` for the `target` sources, with a progress bar over the prompts they write."""
+    total = sum(s.max_rows or default_rows for s in sources if s.kind == "target")
+    if not total:
+        yield None
+        return
+    with stage_progress(STAGE, uri, total, "select_prompts: prompts the target wrote", unit="prompt") as progress:
+
+        def write(src: PromptSource, count: int):
+            return prompt_writer.written_rows(src, target, count=count, seed=seed, progress=progress)
+
+        yield write
 
 
 def _fingerprints(cfg: SelectConfig) -> list[str]:

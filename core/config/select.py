@@ -2,7 +2,7 @@
 
 import math
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -14,12 +14,28 @@ from draftsmith.core.config.stages import Resources
 SYNTHETIC_CATEGORIES: tuple[str, ...] = ("math", "coding", "reasoning", "writing", "multilingual", "dialogue")
 
 
+class PromptWriting(StrictModel):
+    """How the target writes its own prompts (a `target` source): sampled from its chat template's text up to
+    a user message, the way an aligned chat model continues a conversation nobody has started (Magpie)."""
+
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature; the pool's variety comes from it.")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass; trims the incoherent tail.")
+    max_new_tokens: int = Field(
+        64, gt=0, description="Longest prompt written; a prompt not finished by then is rejected as `unfinished`."
+    )
+    batch_size: int = Field(128, gt=0, description="Prompts written per `generate` call.")
+    system: str | None = Field(
+        None, description="System message before the user turn; none: whatever the chat template adds by itself."
+    )
+
+
 class PromptSource(StrictModel):
     """One place prompts come from. File rows may be ShareGPT, OpenAI `messages`, `prompt` or `turns`."""
 
-    kind: Literal["synthetic", "jsonl", "parquet", "hf", "hf_disk"] = Field(
-        description="`synthetic` (built-in pool), `jsonl`/`parquet` (local or fsspec URL, e.g. s3://), "
-        "`hf` (datasets.load_dataset by name) or `hf_disk` (a Dataset.save_to_disk folder)."
+    kind: Literal["synthetic", "target", "jsonl", "parquet", "hf", "hf_disk"] = Field(
+        description="`synthetic` (built-in pool), `target` (prompts the target writes itself, see `writing`), "
+        "`jsonl`/`parquet` (local or fsspec URL, e.g. s3://), `hf` (datasets.load_dataset by name) or `hf_disk` "
+        "(a Dataset.save_to_disk folder)."
     )
     path: str | None = Field(
         None, description="File or URL (jsonl/parquet), dataset name (hf) or folder (hf_disk); none for synthetic."
@@ -27,13 +43,28 @@ class PromptSource(StrictModel):
     subset: str | None = Field(None, description="Hugging Face dataset configuration name (hf only).")
     split: str = Field("train", min_length=1, description="Dataset split (hf, and hf_disk holding a DatasetDict).")
     revision: str | None = Field(None, description="Dataset revision to pin (hf only); part of the stage key.")
-    category: str = Field("file", min_length=1, description="Category of rows that carry none.")
+    category: str = Field(
+        "file", min_length=1, description="Category of rows that carry none (`self` for a `target` source)."
+    )
     max_rows: int | None = Field(
-        None, gt=0, description="Read at most this many rows (synthetic: pool size, default 2 x num_prompts)."
+        None,
+        gt=0,
+        description="Read at most this many rows (synthetic and target: pool size, default 2 x num_prompts).",
+    )
+    writing: PromptWriting | None = Field(
+        None, description="Sampling of a `target` source (only there); none: the `PromptWriting` defaults."
     )
     id_prefix: str | None = Field(
         None, min_length=1, description="Prefix of generated ids `<prefix>-<row>`; defaults to the path's basename."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_category(cls, data: Any) -> Any:
+        # Rows the target writes carry no category; `file` would misname them in the mix and the report.
+        if isinstance(data, dict) and data.get("kind") == "target" and "category" not in data:
+            return {**data, "category": "self"}
+        return data
 
     def label(self) -> str:
         """The id prefix of rows without an id: `id_prefix`, else the basename of `path`."""
@@ -92,12 +123,14 @@ class SelectConfig(StrictModel):
         labels: dict[str, int] = {}
         for i, src in enumerate(self.resolved_sources()):
             where = f"select.sources[{i}]"
-            if src.kind == "synthetic" and src.path is not None:
-                raise ValueError(f"{where}.path: the synthetic pool takes no path")
-            if src.kind != "synthetic" and not src.path:
+            if src.kind in ("synthetic", "target") and src.path is not None:
+                raise ValueError(f"{where}.path: a {src.kind} source takes no path")
+            if src.kind not in ("synthetic", "target") and not src.path:
                 raise ValueError(f"{where}.path: required for kind {src.kind!r}")
             if src.subset and src.kind != "hf":
                 raise ValueError(f"{where}.subset: only kind 'hf' takes a subset")
+            if src.writing is not None and src.kind != "target":
+                raise ValueError(f"{where}.writing: only kind 'target' takes writing settings")
             if src.label() in labels:
                 raise ValueError(
                     f"{where}.id_prefix: {src.label()!r} is also the id prefix of select.sources[{labels[src.label()]}]"

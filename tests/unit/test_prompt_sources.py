@@ -207,7 +207,7 @@ def test_legacy_shorthand_resolves_to_one_source() -> None:
     ("kwargs", "message"),
     [
         ({"sources": [{"kind": "jsonl"}]}, "select.sources[0].path: required for kind 'jsonl'"),
-        ({"sources": [{"kind": "synthetic", "path": "x"}]}, "select.sources[0].path: the synthetic pool takes no"),
+        ({"sources": [{"kind": "synthetic", "path": "x"}]}, "select.sources[0].path: a synthetic source takes no path"),
         ({"sources": [{"kind": "synthetic"}], "path": "x.jsonl"}, "select.sources: give either"),
         (
             {"sources": [{"kind": "jsonl", "path": "a/p.jsonl"}, {"kind": "jsonl", "path": "b/p.jsonl"}]},
