@@ -5,9 +5,9 @@ recipe's nodes, ranks and rendezvous (`drafters.training.torchrun` streams every
 fails with the failing rank's traceback), and turns the `result.json` rank 0 wrote into the manifest. A
 retried or re-run task with the same inputs resumes from the newest checkpoint in `<stage>/checkpoints`.
 
-Progress (optimizer steps) is read in this process: the step count and resume point from rank 0's start
-line, the current step from its `train step N |` lines and, when the stage folder is local, from the last
-record of `metrics.jsonl`, which rank 0 appends every step.
+Progress (optimizer steps) is read in this process: the step count and resume point from the start line of
+this node's first rank, the current step from its `train step N |` lines and, when the stage folder is local,
+from the last record of `metrics.jsonl`, which rank 0 appends every step.
 """
 
 import json
@@ -50,7 +50,7 @@ def loss_token_counts(tokens: StageManifest, vocab_size: int) -> torch.Tensor:
 
 
 # What drafters/training prints (worker.main's start line, MetricsSink.write's step line), after torchrun's prefix.
-_START_LINE = re.compile(r"train: rank 0 of \d+, (\d+) steps, resuming at step (\d+)")
+_START_LINE = re.compile(r"train: rank \d+ of \d+, (\d+) steps, resuming at step (\d+)")
 _STEP_LINE = re.compile(r"train step (\d+) \|")
 _LOSS = re.compile(r"\bloss (\S+)")
 

@@ -136,6 +136,10 @@ class Recorder:
 
     def step_done(self, step: int, epoch: int) -> None:
         self.ended[step] = (time.perf_counter(), epoch)
+        # c10d may place rank 0 on another node: each node's first rank marks the steps for its own launcher's
+        # training bar. Rank 0's sink logs the same step with its losses.
+        if self.sink is None and self.d.local_rank == 0 and step % self.cfg.metrics.log_every == 0:
+            log.info("train step %d | on rank %d of %d", step, self.d.rank, self.d.world)
 
     def write(self, raw: dict | None) -> None:
         if raw is None or self.sink is None:

@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         batches = run.rank_batches(job, cfg, d)
         trainer = Trainer(built.module, cfg, d, batches.total_steps, built.generator)
         start = Checkpoints(job.checkpoint_uri, cfg.checkpoint.keep, d).resume(trainer)
-        if d.is_main:
-            log.info("train: rank 0 of %d, %d steps, resuming at step %d", d.world, batches.total_steps, start)
+        if d.local_rank == 0:  # each node's first rank: rank 0 may run on another node than the launching one
+            log.info("train: rank %d of %d, %d steps, resuming at step %d", d.rank, d.world, batches.total_steps, start)
         run.train(job, cfg, d, built, trainer, batches, start)
         dist.barrier()  # every rank is past its last collective before any rank tears the group down
     finally:

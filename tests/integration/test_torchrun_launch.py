@@ -201,7 +201,10 @@ def test_two_nodes_node0_serves_the_launch_to_a_follower(caplog: pytest.LogCaptu
         assert any("--rdzv-backend c10d" in s and "is_host=true" in s for s in _lines(caplog))
         other = 1 - here[0]
         deadline = time.monotonic() + 15
-        while f"[rank{other}]:all_reduce rank={other} sum=3" not in follower_out.read_text() and time.monotonic() < deadline:
+        while (
+            f"[rank{other}]:all_reduce rank={other} sum=3" not in follower_out.read_text()
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         text = follower_out.read_text()
         assert f"[rank{other}]:worker rank={other} world=2" in text, text

@@ -80,3 +80,27 @@ def test_the_metrics_watcher_moves_progress(tmp_path):
         while progress.done < 6 and time.monotonic() < deadline:
             time.sleep(0.01)
     assert progress.done == 6 and progress.percent() == 50.0
+
+
+@pytest.mark.parametrize("rank,local_rank,lines", [(4, 0, 2), (5, 1, 0)])
+def test_a_node_without_rank_0_still_draws_its_bar(caplog, rank, local_rank, lines):
+    """On several nodes c10d may place rank 0 on another pod: that node's first rank marks the steps."""
+    import torch
+
+    from draftsmith.core.config import TrainConfig
+    from draftsmith.drafters.training.fsdp import Dist
+    from draftsmith.drafters.training.run import Recorder
+
+    cfg = TrainConfig.model_validate({"metrics": {"log_every": 5}})
+    rec = Recorder(cfg, Dist(rank=rank, world=8, local_rank=local_rank, device=torch.device("cpu")), sink=None)
+    caplog.set_level(logging.INFO, logger="draftsmith.drafters.training")
+    for step in range(1, 11):
+        rec.step_done(step, epoch=0)
+    marked = [m for m in caplog.messages if m.startswith("train step")]
+    assert len(marked) == lines
+    progress = Progress(None, None)
+    tracker = StepProgress(Recording(), progress, None)
+    tracker.info(f"[rank{rank}]:... train: rank {rank} of 8, 20 steps, resuming at step 0")
+    for line in marked:
+        tracker.info(f"[rank{rank}]:... {line}")
+    assert progress.total == 20 and progress.done == 5 * lines
