@@ -125,7 +125,8 @@ def rank_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
 
 
 class Recorder:
-    """Rank 0's view of the step records: adds epoch, throughput and MFU, and writes them to the sink."""
+    """Rank 0's view of the step records: adds epoch, throughput and MFU, and writes them to the sink. Other
+    nodes' first ranks only mark their steps."""
 
     def __init__(self, cfg: TrainConfig, d: fsdp.Dist, sink: MetricsSink | None) -> None:
         self.cfg, self.d, self.sink = cfg, d, sink
@@ -138,7 +139,7 @@ class Recorder:
         self.ended[step] = (time.perf_counter(), epoch)
         # c10d may place rank 0 on another node: each node's first rank marks the steps for its own launcher's
         # training bar. Rank 0's sink logs the same step with its losses.
-        if self.sink is None and self.d.local_rank == 0 and step % self.cfg.metrics.log_every == 0:
+        if not self.d.is_main and self.d.local_rank == 0 and step % self.cfg.metrics.log_every == 0:
             log.info("train step %d | on rank %d of %d", step, self.d.rank, self.d.world)
 
     def write(self, raw: dict | None) -> None:

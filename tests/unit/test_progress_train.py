@@ -5,8 +5,12 @@ import logging
 import time
 
 import pytest
+import torch
 
+from draftsmith.core.config import TrainConfig
 from draftsmith.core.progress import Progress
+from draftsmith.drafters.training.fsdp import Dist
+from draftsmith.drafters.training.run import Recorder
 from draftsmith.tasks.train import StepProgress, last_step, watching_metrics
 
 pytestmark = pytest.mark.unit
@@ -85,12 +89,6 @@ def test_the_metrics_watcher_moves_progress(tmp_path):
 @pytest.mark.parametrize("rank,local_rank,lines", [(4, 0, 2), (5, 1, 0)])
 def test_a_node_without_rank_0_still_draws_its_bar(caplog, rank, local_rank, lines):
     """On several nodes c10d may place rank 0 on another pod: that node's first rank marks the steps."""
-    import torch
-
-    from draftsmith.core.config import TrainConfig
-    from draftsmith.drafters.training.fsdp import Dist
-    from draftsmith.drafters.training.run import Recorder
-
     cfg = TrainConfig.model_validate({"metrics": {"log_every": 5}})
     rec = Recorder(cfg, Dist(rank=rank, world=8, local_rank=local_rank, device=torch.device("cpu")), sink=None)
     caplog.set_level(logging.INFO, logger="draftsmith.drafters.training")
