@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from draftsmith.core.config.select import SYNTHETIC_CATEGORIES as CATEGORIES
 from draftsmith.core.prompt_keys import dedupe_key
+from draftsmith.evals import suites_reuse
 from draftsmith.evals.records import BenchPrompt
 
 SOURCE = "builtin"
@@ -72,8 +73,18 @@ _FOLLOW_UPS = (
 
 EVAL_ONLY_TERMS: tuple[str, ...] = tuple(
     dict.fromkeys(
-        [*_NAMES, *_GOODS, *_CODE_TASKS, *_RIDDLE_OBJECTS, *_PHENOMENA, *_STORY_SUBJECTS, *_SENTENCES, *_SITUATIONS]
-    )
+        [
+            *_NAMES,
+            *_GOODS,
+            *_CODE_TASKS,
+            *_RIDDLE_OBJECTS,
+            *_PHENOMENA,
+            *_STORY_SUBJECTS,
+            *_SENTENCES,
+            *_SITUATIONS,
+            *suites_reuse.REUSE_ONLY_TERMS,
+        ]
+    )  # fmt: skip
 )
 
 # Not eval-only (languages and forms also occur in training prompts); the slots above make items unique.
@@ -181,6 +192,7 @@ _GENERATORS: dict[str, Callable[[random.Random], list[str]]] = {
     "writing": _writing,
     "multilingual": _multilingual,
     "dialogue": _dialogue,
+    **suites_reuse.GENERATORS,
 }
 assert tuple(_GENERATORS) == CATEGORIES, "one built-in suite per synthetic prompt category"
 

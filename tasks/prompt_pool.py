@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from draftsmith.core.config.select import SYNTHETIC_CATEGORIES
 from draftsmith.core.prompt_keys import dedupe_key
+from draftsmith.tasks import prompt_pool_reuse
 
 CATEGORIES = SYNTHETIC_CATEGORIES  # one list, in the recipe models
 
@@ -397,7 +398,9 @@ _GENERATORS: dict[str, Callable[[random.Random], list[str]]] = {
     "writing": _writing,
     "multilingual": _multilingual,
     "dialogue": _dialogue,
+    **prompt_pool_reuse.GENERATORS,
 }
+assert tuple(_GENERATORS) == CATEGORIES, "one generator per synthetic category, in the config's order"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,7 +11,19 @@ from draftsmith.core.config.stages import Resources
 
 # The synthetic pool's categories (tasks/prompt_pool.CATEGORIES); repeated here because config must not
 # import stage code. tests/unit/test_prompt_filters.py checks the two stay equal.
-SYNTHETIC_CATEGORIES: tuple[str, ...] = ("math", "coding", "reasoning", "writing", "multilingual", "dialogue")
+SYNTHETIC_CATEGORIES: tuple[str, ...] = (
+    "math",
+    "coding",
+    "reasoning",
+    "writing",
+    "multilingual",
+    "dialogue",
+    # Prompts whose answers reuse what the prompt holds (tasks/prompt_pool_reuse.py).
+    "completion",
+    "extraction",
+    "editing",
+    "followup",
+)
 
 
 class PromptWriting(StrictModel):

@@ -18,7 +18,7 @@ from draftsmith.evals.loaders import (
     parse_bench_arg,
 )
 from draftsmith.evals.records import BenchPrompt
-from draftsmith.tasks import prompt_pool
+from draftsmith.tasks import prompt_pool, prompt_pool_reuse
 from draftsmith.tasks.prompt_pool import CATEGORIES, synthetic_pool
 from draftsmith.tasks.prompt_sources import load_sources
 
@@ -48,7 +48,7 @@ def test_builtin_suites_shape_and_determinism():
         assert all(isinstance(p, BenchPrompt) and p.category == category and p.source == "builtin" for p in items)
         assert len({p.id for p in items}) == 12 and len(_keys(items)) == 12
         # Dialogue items are the multi-turn ones: exactly two turns; the other suites are single-turn.
-        assert {len(p.turns) for p in items} == ({2} if category == "dialogue" else {1})
+        assert {len(p.turns) for p in items} == ({2} if category in ("dialogue", "followup") else {1})
     assert a == suites.builtin_suites(12, seed=3)
     other = suites.builtin_suites(12, seed=4)
     assert all(_keys(a[c]) != _keys(other[c]) for c in CATEGORIES)
@@ -61,9 +61,11 @@ def test_builtin_suites_shape_and_determinism():
 
 
 def test_eval_only_vocabulary_is_absent_from_the_training_generator():
-    # Synthetic training prompts are built only from prompt_pool.py's strings and digits; an item holding a
+    # Synthetic training prompts are built only from the pool modules' strings and digits; an item holding a
     # term that module never contains cannot equal any training prompt, at any seed or pool size.
-    source = Path(prompt_pool.__file__).read_text(encoding="utf-8").casefold()
+    source = "\n".join(
+        Path(m.__file__).read_text(encoding="utf-8").casefold() for m in (prompt_pool, prompt_pool_reuse)
+    )
     assert [t for t in suites.EVAL_ONLY_TERMS if t.casefold() in source] == []
     for items in suites.builtin_suites(60, seed=0).values():
         for item in items:

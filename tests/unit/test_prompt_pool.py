@@ -74,8 +74,8 @@ def test_pool_does_not_touch_global_random_state() -> None:
 
 
 def test_default_mix_is_equal_and_every_category_present() -> None:
-    pool = synthetic_pool(600, seed=0)
-    assert len(pool) == 600
+    pool = synthetic_pool(100 * len(CATEGORIES), seed=0)
+    assert len(pool) == 100 * len(CATEGORIES)
     assert Counter(r.category for r in pool) == dict.fromkeys(CATEGORIES, 100)
 
 
@@ -150,8 +150,12 @@ def test_every_category_has_its_shape(big_pool: list[PromptRecord]) -> None:
         by_category.setdefault(record.category, []).append(record)
     assert set(by_category) == set(CATEGORIES)
     assert all(len(r.turns) in (2, 3) for r in by_category["dialogue"])
-    assert all(len(r.turns) == 1 for c in CATEGORIES if c != "dialogue" for r in by_category[c])
-    assert all(any(ch.isdigit() for ch in r.turns[0]) for r in by_category["math"])
+    assert all(len(r.turns) == 2 for r in by_category["followup"])
+    assert all(len(r.turns) == 1 for c in CATEGORIES if c not in ("dialogue", "followup") for r in by_category[c])
+    assert all(any(ch.isdigit() for ch in r.turns[0]) for c in ("math", "extraction") for r in by_category[c])
+    # The reuse categories carry the material their answers reuse: code, or a text of several sentences.
+    assert all("```" in r.turns[0] for r in by_category["completion"])
+    assert all(r.turns[0].count(". ") >= 2 for r in by_category["editing"])
     # Multilingual prompts include text outside ASCII (accents, CJK) or name the target language.
     assert sum(not r.turns[0].isascii() for r in by_category["multilingual"]) > 30
 
