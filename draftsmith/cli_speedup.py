@@ -1,9 +1,12 @@
-"""`draftsmith speedup RUN`: a finished run's drafter in vLLM, speculation off against on (`draftsmith.evals.speedup`).
+"""`draftsmith speedup RUN`: a finished run's drafter in vLLM against plain serving and the engine's free
+speculation (`draftsmith.evals.speedup`).
 
-It exports the run's drafter, serves the target twice, sends the prompts of the run's own evaluation (held-out
-prompts and built-in suites, round-robin) to each server in turn, and writes `speedup.json`, `speedup.md` and
-`speedup.png` under `<run>/speedup/`. A result measured for the same checkpoint, settings and prompts is
-printed again instead of measured again (`--force` measures anew).
+It exports the run's drafter, serves the target plain, with the drafter at each serving depth and with each free
+method (n-gram prompt lookup, suffix decoding), sends the same prompts (built-in suites and the evaluation's
+benchmark files, round-robin, never one twice) to each server in turn, and writes `speedup.json`, `speedup.md`
+and `speedup.png` under `<run>/speedup/`. `speedup.json` also records the drafter's measured schedule (draft
+tokens per batch size), which `draftsmith export` then serves. A result measured for the same checkpoint,
+settings and prompts is printed again instead of measured again (`--force` measures anew).
 """
 
 import argparse
@@ -16,6 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from draftsmith.core.config import PipelineConfig, load_recipe
+from draftsmith.core.config.select import SYNTHETIC_CATEGORIES
 from draftsmith.core.config.sweep import SpeedupConfig
 
 RESULT = "speedup.json"
@@ -25,8 +29,13 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("speedup", help="a run's drafter in vLLM: tokens/s with speculation off vs on, interleaved")
     p.add_argument("run", help="a finished run folder, or the recipe whose default run folder to use")
     p.add_argument("--concurrency", help="comma list of levels (default: the recipe's speedup.concurrency)")
-    p.add_argument("--rounds", type=int, help="timed off/on rounds per level (default: the recipe's)")
-    p.add_argument("--requests", type=int, help="requests per timed run (default: the recipe's)")
+    p.add_argument("--rounds", type=int, help="timed runs per server and level (default: the recipe's)")
+    p.add_argument(
+        "--waves", type=int, help="requests per timed run, as a multiple of concurrency (default: the recipe's)"
+    )
+    p.add_argument(
+        "--free-methods", help="comma list of free methods measured beside the drafter: ngram, suffix; none for none"
+    )
     p.add_argument("--max-tokens", type=int, help="output tokens per request (default: the recipe's)")
     p.add_argument(
         "--draft-tokens",
@@ -64,7 +73,10 @@ def _levels(flag: str, text: str) -> tuple[int, ...]:
 
 def _settings(args: argparse.Namespace, recipe: SpeedupConfig) -> SpeedupConfig:
     """The recipe's `speedup:` section with the command line's flags laid over it."""
-    given = {k: getattr(args, k) for k in ("rounds", "requests", "max_tokens") if getattr(args, k) is not None}
+    given: dict = {k: getattr(args, k) for k in ("rounds", "waves", "max_tokens") if getattr(args, k) is not None}
+    if args.free_methods is not None:
+        text = args.free_methods.strip()
+        given["free_methods"] = () if text in ("", "none") else tuple(m.strip() for m in text.split(","))
     if args.concurrency:
         given["concurrency"] = _levels("--concurrency", args.concurrency)
     if args.draft_tokens:
@@ -82,22 +94,37 @@ def serving_depths(cfg: PipelineConfig, settings: SpeedupConfig) -> list[int | N
     return cfg.drafter.serving_depths(settings.draft_tokens, cfg.evaluate.num_draft_tokens)
 
 
-def run_prompts(cfg: PipelineConfig, run_dir: Path, limit: int) -> list[str]:
-    """First user turns of the run's evaluation benchmarks, one from each bench in turn, so any prefix spans them."""
+def run_prompts(cfg: PipelineConfig, run_dir: Path, settings: SpeedupConfig) -> list[str]:
+    """Distinct first user turns for every request of the measurement, one from each benchmark in turn: the
+    built-in suites the evaluation names, its benchmark files, and the held-out prompts when asked for (or when
+    there is nothing else). Suites are drawn as deep as the measurement needs."""
     from draftsmith.core.stage import load_manifest
     from draftsmith.tasks.evaluate import benches_for
 
-    benches = benches_for(cfg.evaluate, load_manifest(str(run_dir / "select_prompts")), cfg.seed)
+    needed = settings.prompts_needed()
+    held_out = settings.held_out or (not cfg.evaluate.suites and not cfg.evaluate.bench_files)
+    suites = len(SYNTHETIC_CATEGORIES) if cfg.evaluate.suites == ["all"] else len(cfg.evaluate.suites)
+    sources = max(1, suites + len(cfg.evaluate.bench_files) + int(held_out))
+    deep = cfg.evaluate.model_copy(
+        update={
+            "held_out": held_out,
+            "prompts_per_suite": max(cfg.evaluate.prompts_per_suite, -(-needed // sources) + 2),
+        }
+    )
+    benches = benches_for(deep, load_manifest(str(run_dir / "select_prompts")), cfg.seed)
     mixed = itertools.chain.from_iterable(itertools.zip_longest(*benches.values()))
-    return [p.turns[0] for p in mixed if p is not None][:limit]
+    return list(dict.fromkeys(p.turns[0] for p in mixed if p is not None))[:needed]
 
 
-def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompts: list[str], key: str) -> dict:
+def _measure(
+    run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompts: list[str], key: str, train_key: str
+) -> dict:
     from draftsmith.core.target_setup import resolve_target
     from draftsmith.drafters.export import engines
     from draftsmith.drafters.export.bundle import export_run
     from draftsmith.evals import plots
-    from draftsmith.evals.speedup import CPU_SERVE_ARGS, format_table, measure_speedup
+    from draftsmith.evals.speedup import CPU_SERVE_ARGS, measure_speedup
+    from draftsmith.evals.speedup_report import batch_size_ranges, format_table, recommendation, schedule
 
     platform = engines.detect_platform()
     exported = export_run(str(run_dir), "vllm", platform=platform)
@@ -111,15 +138,20 @@ def _measure(run_dir: Path, cfg: PipelineConfig, settings: SpeedupConfig, prompt
         serve_args=CPU_SERVE_ARGS if platform == "cpu" else ("--dtype", "bfloat16"),
         work_dir=str(out / "runs"),
     )
-    result = {"key": key, "drafter": cfg.drafter.kind, "prompts": len(prompts)} | result
+    result = {"key": key, "train_key": train_key, "drafter": cfg.drafter.kind} | result
+    per_level = schedule(result)
+    result["schedule"] = {
+        "per_level": per_level,
+        "batch_size_ranges": batch_size_ranges(per_level) if per_level else [],
+    }
     plots.speedup_bars(result, out / "speedup.png")
-    (out / "speedup.md").write_text(format_table(result) + "\n")
+    (out / "speedup.md").write_text(format_table(result) + "\n\n" + "\n".join(recommendation(result)) + "\n")
     (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: its presence means complete
     return result
 
 
 def cmd_speedup(args: argparse.Namespace) -> int:
-    from draftsmith.evals.speedup import format_table
+    from draftsmith.evals.speedup_report import format_table, recommendation
 
     try:
         run_dir, cfg = _run_and_recipe(args.run)
@@ -129,7 +161,11 @@ def cmd_speedup(args: argparse.Namespace) -> int:
         print(f"speedup: {err}", file=sys.stderr)
         return 2
     train_key = json.loads((run_dir / "train" / "manifest.json").read_text()).get("key", "")
-    prompts = run_prompts(cfg, run_dir, settings.max_prompts)
+    try:
+        prompts = run_prompts(cfg, run_dir, settings)
+    except ValueError as err:
+        print(f"speedup: {err}", file=sys.stderr)
+        return 2
     # The depths served, not just the settings: a null draft_tokens follows evaluate.num_draft_tokens.
     served = [train_key, settings.model_dump(mode="json"), depths, prompts]
     key = hashlib.sha256(json.dumps(served).encode()).hexdigest()
@@ -138,11 +174,21 @@ def cmd_speedup(args: argparse.Namespace) -> int:
     if cached is not None and cached.get("key") == key and not args.force:
         result, how = cached, "cached"
     else:
-        result, how = _measure(run_dir, cfg, settings, prompts, key), "measured"
+        result, how = _measure(run_dir, cfg, settings, prompts, key, train_key), "measured"
     print(
-        f"speed-up in vLLM ({how}): {cfg.drafter.kind} drafter, speculation on vs off, runs interleaved, "
-        f"{settings.requests} requests x {settings.max_tokens} tokens per run, greedy"
+        f"speed-up in vLLM ({how}): {cfg.drafter.kind} drafter and free speculation against plain serving, runs "
+        f"interleaved, {settings.waves} x concurrency requests x {settings.max_tokens} tokens per run, "
+        f"{settings.rounds} rounds, every request a different prompt, greedy"
     )
     print(format_table(result))
+    for line in recommendation(result):
+        print(line)
+    ranges = (result.get("schedule") or {}).get("batch_size_ranges")
+    if ranges:
+        print(f"served schedule (draftsmith export): draft tokens per batch size {_ranges_text(ranges)}")
     print(f"speed-up: {path} (plot {path.with_suffix('.png')})")
     return 0
+
+
+def _ranges_text(ranges: list[list[int]]) -> str:
+    return ", ".join(f"{a}{'' if a == b else f'-{b}'}: {k}" for a, b, k in ranges) + " (the last range goes on)"

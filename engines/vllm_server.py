@@ -131,6 +131,13 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         """Start the server and block until `/v1/models` lists the served model."""
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> VLLMServer:
+        """Start the server process and return at once; `wait_ready()` blocks until it serves. Several servers
+        launched before any is waited for start side by side."""
         if self._proc is not None:
             raise RuntimeError(f"vLLM server for {self.model} is already running (pid {self._proc.pid})")
         env = procs.python_env({**VLLM_ENV_DEFAULTS, "HF_HUB_OFFLINE": "1", **os.environ})
@@ -144,12 +151,18 @@ class VLLMServer:
                 env=env,
                 **procs.popen_kwargs(),  # its own group (stop_process), and gone with us even on SIGKILL
             )
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until `/v1/models` lists the served model; on failure the server is stopped and the error names
+        its log."""
+        if self._proc is None:
+            raise RuntimeError(f"vLLM server for {self.model} was not launched")
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _models(self) -> list[str] | None:
         try:

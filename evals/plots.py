@@ -159,9 +159,9 @@ def throughput_vs_concurrency(sweeps: list[dict], path: str | Path) -> bytes:
 
 
 def speedup_bars(result: dict, path: str | Path) -> bytes:
-    """Tokens/s with speculation off and on at each concurrency level, one "on" bar per serving depth (bars:
-    mean of the rounds; ticks: each round), labelled with the speed-up and vLLM's acceptance length. `result`
-    is `draftsmith.evals.speedup`'s dict."""
+    """Each server's speed-up over plain serving at each concurrency level (bars: mean tokens/s over the plain
+    server's; ticks: each round's), the trained drafter's depths and the free methods side by side, labelled with
+    vLLM's acceptance length. `result` is `draftsmith.evals.speedup`'s dict."""
     levels = result.get("levels") or []
     if not levels:
         raise ValueError("speed-up result has no levels")
@@ -169,35 +169,38 @@ def speedup_bars(result: dict, path: str | Path) -> bytes:
     for i, lv in enumerate(levels):
         require(lv, ("concurrency", "tokens_per_s_off", "tokens_per_s_on", "speedup"), f"levels[{i}]")
         groups.setdefault(int(lv["concurrency"]), []).append(lv)
-    depths = list(dict.fromkeys(lv.get("draft_tokens") for lv in levels))
+    names = list(dict.fromkeys(_server_name(lv) for lv in levels))
     fig = _figure("speedup")
     ax = fig.add_subplot()
-    width = 0.8 / (1 + len(depths))
+    width = 0.8 / len(names)
     for i, rows in enumerate(groups.values()):
-        bars = [("off", None, rows[0]["tokens_per_s_off"])] + [("on", lv, lv["tokens_per_s_on"]) for lv in rows]
-        for j, (mode, lv, runs) in enumerate(bars):
-            x = i + (j - len(rows) / 2) * width
-            slot = 0 if lv is None else 1 + depths.index(lv.get("draft_tokens"))
-            label = None if i else _bar_label(mode, lv)
-            ax.bar(x, sum(runs) / len(runs), width, color="C7" if lv is None else f"C{slot - 1}", label=label)
-            ax.plot([x] * len(runs), runs, "k_", markersize=max(4, 30 * width))
-            if lv is not None:
-                spec = lv.get("spec_decode")
-                acc = f"\nacc {spec['acceptance_length']:.2f}" if spec else ""
-                ax.annotate(f"x{lv['speedup']:.2f}{acc}", (x, max(runs)), ha="center", va="bottom", fontsize=7)
+        for lv in rows:
+            j = names.index(_server_name(lv))
+            x = i + (j - (len(names) - 1) / 2) * width
+            plain = sum(lv["tokens_per_s_off"]) / len(lv["tokens_per_s_off"])
+            ticks = [t / plain for t in lv["tokens_per_s_on"]] if plain > 0 else [0.0]
+            ax.bar(x, lv["speedup"], width, color=f"C{j}", label=None if i else _server_name(lv))
+            ax.plot([x] * len(ticks), ticks, "k_", markersize=max(4, 30 * width))
+            spec = lv.get("spec_decode")
+            acc = f"\nacc {spec['acceptance_length']:.2f}" if spec else ""
+            ax.annotate(f"x{lv['speedup']:.2f}{acc}", (x, max(ticks + [lv["speedup"]])), ha="center", va="bottom",
+                        fontsize=6)  # fmt: skip
+    ax.axhline(1.0, color="k", linewidth=0.8, linestyle="--", label="plain serving")
     ax.set_xticks(range(len(groups)), [str(c) for c in groups])
     ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("output tokens/s")
-    ax.set_ylim(0, 1.3 * max(max(lv["tokens_per_s_off"] + lv["tokens_per_s_on"]) for lv in levels))
-    ax.set_title("Speculative decoding in vLLM: off against on, interleaved runs")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_ylabel("tokens/s over plain serving")
+    ax.set_ylim(0, 1.25 * max(lv["speedup"] for lv in levels) + 0.3)
+    ax.set_title("Speed-up in vLLM over plain serving: the drafter and free speculation, interleaved runs")
+    ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
 
 
-def _bar_label(mode: str, lv: dict | None) -> str:
-    depth = None if lv is None else lv.get("draft_tokens")
-    return f"speculation {mode}" + ("" if depth is None else f", {depth} draft tokens")
+def _server_name(lv: dict) -> str:
+    if lv.get("server"):
+        return str(lv["server"])
+    depth = lv.get("draft_tokens")
+    return "drafter" if depth is None else f"drafter-{depth}"
 
 
 def pooled_position_accept(group: list[dict]) -> list[float]:

@@ -1,0 +1,117 @@
+"""How busy the machine was while a timing ran: the load average, and the CPU that other processes used.
+
+A speed-up measured while other jobs share the cores is not the idle machine's: speculation's extra sequential
+work (drafting, then verifying) suffers more from contention than plain decoding, so a loaded machine can turn
+a gain into a loss. The 1-minute load average counts every runnable thread, the measured servers' own
+included (a vLLM CPU server keeps one thread per core busy while it decodes), so it cannot tell a loaded
+machine from a busy server. `LoadMeter` therefore also measures the CPU time that processes outside this
+process tree used over the span, from `/proc`: on an idle machine that is close to 0 cores whatever the
+servers do.
+
+Linux only (`/proc`); elsewhere the meter reports the load average alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Load:
+    """The machine during one span."""
+
+    seconds: float
+    load_avg_1m: float  # mean of the 1-minute load average sampled over the span
+    other_cores: float | None  # CPU time of processes outside this tree per second of the span; None: no /proc
+    cores: int
+
+    @property
+    def busy(self) -> bool:
+        """Other processes used more than a quarter of the cores: the timing is not an idle machine's."""
+        return self.other_cores is not None and self.other_cores > 0.25 * self.cores
+
+    def to_dict(self) -> dict:
+        return {
+            "seconds": round(self.seconds, 2),
+            "load_avg_1m": round(self.load_avg_1m, 2),
+            "other_cores": None if self.other_cores is None else round(self.other_cores, 3),
+            "cores": self.cores,
+            "busy": self.busy,
+        }
+
+
+def _busy_ticks() -> int | None:
+    """All CPUs' non-idle time since boot, in clock ticks (`/proc/stat`)."""
+    try:
+        fields = (_PROC / "stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return user + nice + system + irq + softirq + steal
+
+
+def _tree_ticks(root: int) -> int:
+    """CPU time of `root` and every live descendant, with their reaped children's (`/proc/<pid>/stat`)."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
+        parent[int(entry.name)] = int(fields[1])
+        ticks[int(entry.name)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    ours, frontier = {root}, [root]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            if child not in ours:
+                ours.add(child)
+                frontier.append(child)
+    return sum(ticks.get(pid, 0) for pid in ours)
+
+
+class LoadMeter:
+    """Measure spans: `start()`, `sample()` as often as convenient (it reads the load average), `stop()`.
+
+    A process of this tree that exits during a span takes its CPU time with it, which then counts as other
+    processes'; the measured servers and the load generator live for the whole measurement, so that is only
+    ever a short-lived helper's fraction of a second.
+    """
+
+    def __init__(self, root: int | None = None) -> None:
+        self._root = root if root is not None else os.getpid()
+        self._start: tuple[float, int | None, int] | None = None
+        self._samples: list[float] = []
+
+    def start(self) -> None:
+        self._samples = [os.getloadavg()[0]]
+        busy = _busy_ticks()
+        self._start = (time.monotonic(), busy, _tree_ticks(self._root) if busy is not None else 0)
+
+    def sample(self) -> None:
+        self._samples.append(os.getloadavg()[0])
+
+    def stop(self) -> Load:
+        if self._start is None:
+            raise RuntimeError("LoadMeter.stop() before start()")
+        t0, busy0, ours0 = self._start
+        self.sample()
+        seconds = max(time.monotonic() - t0, 1e-9)
+        busy1 = _busy_ticks()
+        other = None
+        if busy0 is not None and busy1 is not None:
+            hz = os.sysconf("SC_CLK_TCK")
+            other = max(0.0, ((busy1 - busy0) - (_tree_ticks(self._root) - ours0)) / hz / seconds)
+        self._start = None
+        return Load(seconds, sum(self._samples) / len(self._samples), other, os.cpu_count() or 1)
