@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from draftsmith.core import storage, tensorio
-from draftsmith.drafters.export import engines, guards, methods
+from draftsmith.drafters.export import engines, guards, methods, schedule
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -45,12 +45,13 @@ class ExportResult:
     command: str
     notes: list[str]
     platform: str = "gpu"
+    schedule: list[list[int]] | None = None  # vLLM's draft tokens per batch size, when measured
 
     def render(self) -> str:
         engine = f"{self.engine} ({self.platform})" if self.engine == "vllm" else self.engine
         lines = [f"exported {self.method} drafter for {engine}: {self.folder}"]
         if self.engine == "vllm":
-            cfg = engines.vllm_speculative_config(self.method, self.folder, self.num_speculative_tokens)
+            cfg = engines.vllm_speculative_config(self.method, self.folder, self.num_speculative_tokens, self.schedule)
             lines.append(f"--speculative-config {shlex.quote(json.dumps(cfg))}")
         else:
             lines.append("speculative arguments: " + " ".join(self.engine_args))
@@ -290,14 +291,28 @@ def export_run(
     folder = write_folder(out or storage.join(run_dir, "export", engine), blobs)
     config = json.loads(blobs[CONFIG])
     n = module.num_speculative_tokens(config, cfg.drafter.trained_depth)
+    notes = engines.engine_notes(method, engine, platform=platform)
+    measured = schedule.measured(run_dir, manifest.key) if engine == "vllm" and cfg.drafter.trained_depth else None
+    if measured is not None:
+        n = measured.most
+        notes.append(measured.describe())
+    elif engine == "vllm" and schedule.never_pays(run_dir, manifest.key):
+        notes.append(
+            "draftsmith speedup found no concurrency where this drafter beats plain serving "
+            f"({storage.join(run_dir, *schedule.RESULT)}); see its recommendation before serving it"
+        )
+    ranges = measured.ranges if measured is not None else None
     path = str(folder.resolve())
     return ExportResult(
         folder=path,
         method=method,
         engine=engine,
         num_speculative_tokens=n,
-        engine_args=engines.engine_args(method, engine, path, n),
-        command=engines.launch_command(method, engine, str(target_dir), path, n, platform=platform, port=port),
-        notes=engines.engine_notes(method, engine, platform=platform),
+        engine_args=engines.engine_args(method, engine, path, n, ranges),
+        command=engines.launch_command(
+            method, engine, str(target_dir), path, n, platform=platform, port=port, per_batch_size=ranges
+        ),
+        notes=notes,
         platform=platform,
+        schedule=ranges,
     )

