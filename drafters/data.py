@@ -22,13 +22,14 @@ def hidden_dataset(hidden: StageManifest) -> OfflineDataset:
 
 
 def collate(
-    samples: list[TrainSample], *, zero_mask: bool = False, min_loss_tokens: int = 1
+    samples: list[TrainSample], *, zero_mask: bool = False, min_loss_tokens: int = 1, prompt_loss: bool = False
 ) -> dict[str, torch.Tensor]:
     """Right-padded fp32 batch: ids/masks `[B, S]`, features `[B, S, F]`, last hidden `[B, S, Ht]`.
 
     A sample with fewer than `min_loss_tokens` loss tokens, or every sample when `zero_mask` (a filler
     micro-batch), keeps its place with an all-zero loss mask: it runs forward and backward like the others,
-    so data-parallel ranks stay in step, but teaches nothing.
+    so data-parallel ranks stay in step, but teaches nothing. With `prompt_loss`, a counted sample's every
+    token after the first is a loss token (its prompt too; `TrainConfig.prompt_loss`).
     """
     width = max(len(s.input_ids) for s in samples)
     B = len(samples)
@@ -44,6 +45,8 @@ def collate(
         out["input_ids"][row, :n] = s.input_ids
         if not zero_mask and int(s.loss_mask.sum()) >= min_loss_tokens:
             out["loss_mask"][row, :n] = s.loss_mask
+            if prompt_loss:
+                out["loss_mask"][row, 1:n] = True
         out["features"][row, :n] = s.features.float()
         out["last_hidden"][row, :n] = s.last_hidden.float()
         if s.in_draft is not None:

@@ -83,6 +83,12 @@ class TrainConfig(StrictModel):
     min_loss_tokens: int = Field(
         1, ge=1, description="A sample with fewer loss tokens trains with a zero mask (kept, so ranks stay in step)."
     )
+    prompt_loss: bool = Field(
+        False,
+        description="Also fit the target's distribution at prompt positions (after the first token), not only at "
+        "the answer's: the same function, seen on the text a request carries (a stub, a passage), at no "
+        "extra capture. The sample still needs `min_loss_tokens` answer tokens to count.",
+    )
     max_consecutive_skips: int = Field(
         10,
         ge=1,

@@ -50,7 +50,9 @@ class RankBatches:
 
 
 def _micro(samples: list, mb: MicroBatch, epoch: int, cfg: TrainConfig, seed: int, device) -> Micro:
-    batch = data.collate(samples, zero_mask=mb.padding, min_loss_tokens=cfg.min_loss_tokens)
+    batch = data.collate(
+        samples, zero_mask=mb.padding, min_loss_tokens=cfg.min_loss_tokens, prompt_loss=cfg.prompt_loss
+    )
     return Micro({k: v.to(device, non_blocking=True) for k, v in batch.items()}, micro_seed(seed, epoch, mb.indices))
 
 

@@ -52,3 +52,23 @@ def test_stream_steps_plan_each_window_and_are_counted_ahead():
     # With the whole stream as one window the steps are the offline epoch's (same seed, same order).
     whole = [[list(mb.indices) for mb in mbs] for _, mbs, _ in stream_steps(iter(samples), 103, _plan)]
     assert whole == [[list(mb.indices) for mb in step] for step in _plan(lengths, 0).for_rank(0)]
+
+
+def test_prompt_loss_counts_every_token_after_the_first_of_a_counted_sample_only():
+    import torch
+
+    from draftsmith.drafters.data import collate
+    from draftsmith.transport.sample import HiddenSample
+
+    def sample(mask: list[int]) -> HiddenSample:
+        n = len(mask)
+        return HiddenSample(
+            "s", torch.arange(n), torch.tensor(mask, dtype=torch.bool), torch.zeros(n, 6), torch.zeros(n, 2)
+        )
+
+    answered, short = sample([0, 0, 0, 1, 1]), sample([0, 0, 1])
+    plain = collate([answered, short], min_loss_tokens=2)
+    assert plain["loss_mask"].tolist() == [[False, False, False, True, True], [False] * 5]
+    widened = collate([answered, short], min_loss_tokens=2, prompt_loss=True)
+    assert widened["loss_mask"].tolist() == [[False, True, True, True, True], [False] * 5], "padding and short: none"
+    assert not collate([answered], zero_mask=True, prompt_loss=True)["loss_mask"].any()
