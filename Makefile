@@ -38,7 +38,7 @@ sysdeps:
 	  fi; \
 	fi
 
-$(BIN)/.installed: pyproject.toml setup.py core/layout.py | sysdeps
+$(BIN)/.installed: pyproject.toml | sysdeps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: the CPU wheel lies on disk; anything unpinned pulls CUDA builds. numpy with it,
 	# so that torch's first import finds it.
