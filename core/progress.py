@@ -26,7 +26,8 @@ import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TextIO
+from typing import TextIO, TypeGuard
+from uuid import UUID
 
 from tqdm import tqdm
 
@@ -105,7 +106,7 @@ class _LogRouting:
         self._open: weakref.WeakSet[Progress] = weakref.WeakSet()
 
     @staticmethod
-    def _on_screen(handler: logging.Handler, bar_stream: TextIO) -> bool:
+    def _on_screen(handler: logging.Handler, bar_stream: TextIO) -> TypeGuard[logging.StreamHandler]:
         if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
             return False
         stream = handler.stream
@@ -309,6 +310,7 @@ def prefect_sink(key: str, description: str) -> Sink | None:
 
     try:
         artifact_id = create_progress_artifact(0.0, key=ui.artifact_key(key), description=description)
+        assert isinstance(artifact_id, UUID)  # called synchronously, it returns the id, not a coroutine
     except Exception as err:  # noqa: BLE001 - see Progress._send
         log.warning("progress: could not create the %s progress artifact (%s)", key, err)
         return None

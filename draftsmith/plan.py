@@ -72,7 +72,7 @@ def store_size(cfg: PipelineConfig, run_dir: str) -> StoreSize:
     codec = StoreCodec(dtype=hs.store_dtype, positions=hs.positions, num_taps=len(hs.taps))
     manifest = _finished_tokenize(run_dir)
     exact = manifest is not None
-    if exact:
+    if manifest is not None:
         tokens, samples, loss = manifest.counts["tokens"], manifest.counts["samples"], manifest.counts["loss_tokens"]
     else:
         samples = cfg.select.num_prompts - cfg.select.num_eval

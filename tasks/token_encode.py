@@ -185,8 +185,8 @@ def _fit(
             return Rejected("render_failed", f"keeping the last turns: {type(e).__name__}: {e}"[:500])
         b = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         if len(b["input_ids"]) <= opts.max_length:
-            e = _mask(b["input_ids"], b["offset_mapping"], spans)
-            return Encoded(e.input_ids, e.loss_mask, True)
+            enc = _mask(b["input_ids"], b["offset_mapping"], spans)
+            return Encoded(enc.input_ids, enc.loss_mask, True)
 
 
 def _fit_pretokenized(row: PretokenizedRow, opts: Options) -> Encoded | str:
@@ -356,13 +356,15 @@ def _process_lines(label: str, lines: list[tuple[int, bytes]]) -> list[tuple]:
         token_rows.parse_line(raw, fallback_id=f"{label}:{n}", thinking=opts.thinking, vocab_size=opts.vocab_size)
         for n, raw in lines
     ]
-    convs = [i for i, r in enumerate(rows) if isinstance(r, ConversationRow)]
-    fitted: dict[int, Any] = dict(
-        zip(convs, encode_conversations(tok, renderer, [rows[i] for i in convs], opts), strict=True)
-    )
-    out = []
+    convs = [(i, r) for i, r in enumerate(rows) if isinstance(r, ConversationRow)]
+    encoded = encode_conversations(tok, renderer, [r for _, r in convs], opts)
+    fitted: dict[int, Any] = dict(zip([i for i, _ in convs], encoded, strict=True))
+    out: list[tuple] = []
     for i, ((n, raw), row) in enumerate(zip(lines, rows, strict=True)):
-        res = fitted[i] if i in fitted else row if isinstance(row, Rejected) else _fit_pretokenized(row, opts)
+        if i in fitted:
+            res = fitted[i]
+        else:
+            res = row if isinstance(row, Rejected | ConversationRow) else _fit_pretokenized(row, opts)
         if isinstance(res, Rejected):
             excerpt = raw.decode("utf-8", "replace")
             out.append(("reject", n, res.row_id or getattr(row, "id", None), res.reason, res.detail, excerpt))
@@ -371,6 +373,7 @@ def _process_lines(label: str, lines: list[tuple[int, bytes]]) -> list[tuple]:
         elif int(res.loss_mask.sum()) < opts.min_loss_tokens:
             out.append(("drop", "min_loss_tokens"))
         else:
+            assert not isinstance(row, Rejected)
             out.append(("ok", row.id, row.category, res.input_ids.tobytes(), res.loss_mask.tobytes(), res.truncated))
     return out
 

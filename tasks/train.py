@@ -76,7 +76,7 @@ class StepProgress(logging.LoggerAdapter):
         except (TypeError, ValueError):  # logging reports its own formatting errors; reading must not raise
             line = str(msg)
         self.observe(line)
-        self.logger.log(level, msg, *args, **kwargs)  # type: ignore[arg-type]
+        self.logger.log(level, msg, *args, **kwargs)
 
     def observe(self, line: str) -> None:
         if start := _START_LINE.search(line):

@@ -112,7 +112,7 @@ class _SafeMetadata:
         path = self._get_metadata_path(kwargs.get("rank"))  # type: ignore[attr-defined]
         with self.fs.create_stream(path, "rb") as stream:  # type: ignore[attr-defined]
             metadata = read_dcp_metadata(stream.read(), str(path))
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # type: ignore[attr-defined]
         return metadata

@@ -8,7 +8,7 @@ from draftsmith.drafters.dflash.block_masks import decode_mask, train_mask
 from draftsmith.drafters.dflash.layers import GroupedConv
 from draftsmith.drafters.dflash.loss import dflash_objective
 from draftsmith.drafters.masks import dense, dflash_blocks
-from draftsmith.drafters.mla import MLAttention
+from draftsmith.drafters.mla import MLAProjection
 
 pytestmark = pytest.mark.unit
 
@@ -185,7 +185,7 @@ def test_mla_context_kv_equals_mla_projection():
     model = _random(DFlashDrafter(_spec(attention="mla", mla=MLA)))
     attn = model.layers[0].self_attn
     x, pos = torch.randn(2, 7, 32), torch.arange(3, 10)
-    _, k, v = MLAttention.project(attn, x, pos)
+    _, k, v = MLAProjection.project(attn, x, pos)
     k2, v2 = attn.kv(x, pos)
     assert torch.allclose(k, k2) and torch.allclose(v, v2)
 
