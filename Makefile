@@ -78,8 +78,9 @@ run: setup $(VLLM_VENV)/.installed
 	$(BIN)/draftsmith run $(RECIPE)
 	$(BIN)/draftsmith speedup $(RECIPE)
 
+# Lint first (ruff and mypy, a minute at most on a fresh clone): CI runs `make test` only.
 # Two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
-test: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
+test: lint setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
@@ -91,13 +92,15 @@ docs: $(BIN)/.installed
 	$(BIN)/mkdocs build --strict --site-dir site
 
 # Benchmarks run as modules from the repo root: run as scripts, benchmarks/ would head sys.path and a file
-# named like a stdlib module (benchmarks/tokenize.py) would shadow it.
+# named like a stdlib module (benchmarks/tokenize_stage.py) would shadow it.
 bench: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
 	@for b in benchmarks/[!_]*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
+# ruff, then mypy over every package (through draftsmith/), tests/ and benchmarks/ ([tool.mypy] in pyproject.toml).
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean-runs:
 	rm -rf runs

@@ -9,7 +9,7 @@ Run: `python -m benchmarks.anchored_ttt` (part of `make bench`).
 
 import torch
 
-from benchmarks._timing import best_of
+from benchmarks.helpers.timing import best_of
 from draftsmith.drafters.anchors import strided_anchors
 from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss
 from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss

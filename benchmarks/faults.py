@@ -9,10 +9,10 @@ import argparse
 import logging
 import warnings
 
-from benchmarks import _fault_servers, _fault_stream
-from benchmarks._fault_servers import FaultResult
+from tests.support.faults import servers, storage, stream
+from tests.support.faults.result import FaultResult
 
-SCENARIOS = {**_fault_servers.SCENARIOS, **_fault_stream.SCENARIOS}
+SCENARIOS = {**servers.SCENARIOS, **storage.SCENARIOS, **stream.SCENARIOS}
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ def _finished_tokenize(run_dir: str) -> StageManifest | None:
     try:
         manifest = load_manifest(storage.join(run_dir, "tokenize"))
         return manifest if manifest is not None and manifest.artifacts_present() else None
-    except Exception as e:  # noqa: BLE001 - any storage failure means "not known here"
+    except Exception as e:  # any storage failure means "not known here"
         log.info("plan: cannot read %s/tokenize (%s); estimating", run_dir, type(e).__name__)
         return None
 

@@ -413,7 +413,7 @@ def _learn(renderer: Renderer) -> SpanProbe | None:
         msg = {"role": role, "content": _OTHER} | ({"tool_call_id": "call_0"} if role == "tool" else {})
         try:
             text = render([user, assistant, msg], False)
-        except Exception:  # noqa: BLE001 - a template may refuse a role; conversations with it take the reference
+        except Exception:  # a template may refuse a role; conversations with it take the reference
             continue
         if text.startswith(through):
             counts[role] = text[len(through) :].count(end)
@@ -465,7 +465,7 @@ def probe_spans(renderer: Renderer) -> SpanProbe | None:
             if fast != reference:
                 probe = None
                 break
-    except Exception:  # noqa: BLE001 - any failure means the reference handles every row
+    except Exception:  # any failure means the reference handles every row
         probe = None
     _PROBES[renderer] = probe
     return probe

@@ -31,8 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ROOT / "deployments" / "recipes"
+from tests.support.paths import RECIPES  # noqa: E402 - importable once the checkout is on the path
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ class DraftCache:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
 
 
-def _draft_forward(
+def draft_forward(
     drafter: Eagle3Drafter, tokens_S: torch.Tensor, hidden_SH: torch.Tensor, start: int, cache: DraftCache
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run new positions `start..start+S-1` against the cache; returns logits `[S, Vd]` and next hidden."""
@@ -70,14 +70,14 @@ def _draft_chain(
     Sampled drafts come with their distributions over the target vocabulary `[g, V]` (zero outside the
     draft vocabulary), which the sampling verification rules divide by.
     """
-    logits, hidden = _draft_forward(drafter, tokens_S, drafter.fuse(feats_SF[None])[0], start, cache)
+    logits, hidden = draft_forward(drafter, tokens_S, drafter.fuse(feats_SF[None])[0], start, cache)
     context = cache.length
     drafts: list[torch.Tensor] = []
     qs: list[torch.Tensor] = []
     pos = start + tokens_S.numel()
     for i in range(g):
         if i:
-            logits, hidden = _draft_forward(drafter, drafts[-1].view(1), hidden, pos, cache)
+            logits, hidden = draft_forward(drafter, drafts[-1].view(1), hidden, pos, cache)
             pos += 1
         index, q_d = draw(logits[-1], sampling, generator)
         drafts.append(drafter.draft_to_target(torch.tensor(index, device=logits.device)))

@@ -25,7 +25,7 @@ from draftsmith.core.rejects import Rejects
 from draftsmith.core.target_setup import resolve_target
 from draftsmith.tasks import prompt_filters, token_encode, token_rows
 from draftsmith.tasks.prompt_sources import load_sources
-from tests.faults.fuzz_settings import FUZZ
+from tests.support.fuzz import FUZZ
 
 pytestmark = pytest.mark.unit
 

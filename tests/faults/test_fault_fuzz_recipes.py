@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from draftsmith import cli
 from draftsmith.core.config import RecipeError, load_recipe
-from tests.conftest import RECIPES, ROOT
-from tests.faults.fuzz_settings import FUZZ
+from tests.support.fuzz import FUZZ
+from tests.support.paths import RECIPES, ROOT
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import pytest
 
 from draftsmith import cli
 from draftsmith.core.config import RecipeError, load_recipe
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 pytestmark = pytest.mark.unit
 COMMANDS = ["validate", "plan", "run"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from benchmarks.s3_weed import weed_s3
 from draftsmith.core import runlock
+from tests.support.s3 import weed_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]

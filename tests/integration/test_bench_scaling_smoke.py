@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import _scaling_fit as fit
+from benchmarks.helpers import scaling_fit as fit
 
 # Six torchrun launches and six evaluations; the bounds leave room for a busy shared machine.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

@@ -41,11 +41,11 @@ def target_dir() -> str:
 @pytest.fixture(scope="module")
 def sweeps(target_dir, tmp_path_factory) -> dict[str, dict]:
     from draftsmith.drafters.export import bundle
-    from tests.integration.test_vllm_serve_drafters import _random_eagle3
+    from tests.support.models import export_random_smollm2_eagle3
 
     tmp = tmp_path_factory.mktemp("sweep")
     embed, _ = bundle.target_weights(target_dir)
-    _random_eagle3(embed, tmp / "eagle3")
+    export_random_smollm2_eagle3(embed, tmp / "eagle3")
     on = sweep_server(target_dir, str(tmp / "eagle3"), CFG, num_speculative_tokens=NUM_TOKENS, work_dir=str(tmp / "on"))
     off = sweep_server(target_dir, None, CFG, work_dir=str(tmp / "off"))
     (tmp / "sweep.json").write_text(json.dumps({"on": on, "off": off}, indent=1))

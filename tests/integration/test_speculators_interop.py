@@ -1,7 +1,7 @@
 """Our exported drafters in the vLLM project's drafter library (speculators 0.9.0, `.venv-speculators`).
 
 Tiny drafters with random weights (norm gains too, so that a swapped norm shows) are exported with our code
-for the tiny target, then loaded by the peer (`benchmarks/_peer_models.py`: its EAGLE-3 and DFlash converters;
+for the tiny target, then loaded by the peer (`benchmarks/helpers/peer_models.py`: its EAGLE-3 and DFlash converters;
 its DFlash2 and DSpark classes, which take our names unchanged, as it has no loader for the vLLM layout of
 those). One subprocess of the peer's venv runs the forward of every export on the same inputs (safetensors
 files both ways); the outputs must equal ours, which are computed from the export reloaded (bf16 weights)
@@ -161,7 +161,7 @@ def interop(tmp_path_factory) -> dict:
             jobs[-1] |= {"inputs": str(tmp / f"{case}.in.safetensors"), "out": str(tmp / f"{job}.out.safetensors")}
             ours[job] = _ours(case, folder, embed, head, x)
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    cmd = [str(PEER_PYTHON), "-m", "benchmarks._peer_forward", str(tmp / "jobs.json")]
+    cmd = [str(PEER_PYTHON), "-m", "benchmarks.workers.peer_forward", str(tmp / "jobs.json")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     reports = {r["folder"]: r for r in map(json.loads, filter(None, proc.stdout.splitlines()))}
@@ -174,7 +174,8 @@ def test_peer_loads_our_export_and_computes_the_same(interop, case):
     # Every tensor we export has a peer parameter of that name, and the peer has none we leave unset.
     assert report["unexpected"] == [] and report["unfilled"] == [] and report["nan"] == [], report
     # The peer's EAGLE-3 converter drops the per-tap fc norms (its intermediate model has none); nothing else
-    # may arrive changed. `_peer_models` puts the dropped ones back by name, so the forward still compares.
+    # may arrive changed. `benchmarks.helpers.peer_models` puts the dropped ones back by name, so the forward
+    # still compares.
     expected = [f"fc_norm.{i}.weight" for i in range(len(TAPS))] if case == "eagle3.1" else []
     assert report["dropped"] == expected, report
     assert set(peer) == set(ours)

@@ -29,12 +29,12 @@ DEPTHS = (1, 3)
 def measured(tmp_path_factory) -> tuple[dict, object]:
     from draftsmith.core.target_setup import resolve_target
     from draftsmith.drafters.export import bundle
-    from tests.integration.test_vllm_serve_drafters import _random_eagle3
+    from tests.support.models import export_random_smollm2_eagle3
 
     target_dir = str(resolve_target("embedded:smollm2-135m-instruct"))
     tmp = tmp_path_factory.mktemp("speedup")
     embed, _ = bundle.target_weights(target_dir)
-    _random_eagle3(embed, tmp / "eagle3")
+    export_random_smollm2_eagle3(embed, tmp / "eagle3")
     work = tmp / "runs"
     result = speedup.measure_speedup(
         target_dir, str(tmp / "eagle3"), DEFAULT_PROMPTS[:3], CFG, depths=DEPTHS, work_dir=str(work)

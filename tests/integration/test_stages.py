@@ -122,7 +122,7 @@ def test_evaluate_is_lossless_and_reports_acc_len(tiny_run):
 def test_evaluate_renders_its_plots_as_pngs_of_the_fixed_size(tiny_run):
     from pathlib import Path
 
-    from tests.unit.test_eval_plots import check_png
+    from tests.support.runs import check_png
 
     for name in ("acc_len_by_bench", "position_acceptance"):
         check_png(Path(tiny_run["evaluate"].path(f"{name}.png")), name)

@@ -17,7 +17,7 @@ from draftsmith.drafters.training import fsdp
 from draftsmith.drafters.training.loop import Micro, NonFiniteError, Trainer
 from draftsmith.drafters.training.target_parts import load_target_parts, target_head
 from draftsmith.drafters.training.worker import TrainJob, build
-from tests.integration.test_drafter_families import CASES
+from tests.support.models import FAMILY_CASES as CASES
 
 pytestmark = pytest.mark.integration
 

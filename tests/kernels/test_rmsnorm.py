@@ -6,7 +6,7 @@ from torch.testing import assert_close
 
 from draftsmith.drafters.layers import RMSNorm, multi_rms_norm
 from draftsmith.kernels.rmsnorm import rms_norm
-from tests.kernels import tolerances as tol
+from tests.support import kernels as tol
 
 pytestmark = pytest.mark.unit
 

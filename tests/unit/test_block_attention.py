@@ -11,6 +11,8 @@ import torch
 from draftsmith.drafters.dflash.block_attention import BlockAttention, block_attention, block_attention_reference
 from draftsmith.drafters.dflash.block_masks import split_train_mask, train_mask
 
+pytestmark = pytest.mark.unit
+
 CASES = [(None, False), (3, True), (None, True), (5, False)]
 
 

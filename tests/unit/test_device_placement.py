@@ -142,8 +142,8 @@ def test_eagle3_decoding_helpers():
     model = _eagle3("gqa")
     cache = decode.DraftCache()
     tokens, hidden = torch.zeros(4, dtype=torch.long, device=META), torch.zeros(4, 32, device=META)
-    _on_meta(*decode._draft_forward(model, tokens, hidden, 0, cache))
-    _on_meta(*decode._draft_forward(model, tokens[:1], hidden[:1], 4, cache))
+    _on_meta(*decode.draft_forward(model, tokens, hidden, 0, cache))
+    _on_meta(*decode.draft_forward(model, tokens[:1], hidden[:1], 4, cache))
     _on_meta(decode._to_target_vocab(model, torch.zeros(VD, device=META)))
 
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from draftsmith.core.config import Eagle3Config
 from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from draftsmith.drafters.eagle3.target_init import init_from_target_layer
-from tests.small_llama import small_llama
+from tests.support.models import small_llama
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from draftsmith import cli
 from draftsmith.core.config import NightlyConfig, load_recipe
 from draftsmith.core.config.nightly import Bands
 from draftsmith.tasks import regression
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 pytestmark = pytest.mark.unit
 BANDS = Bands(loss_rel=0.03, acc_len_abs=0.08, curve_windows=6, min_loss_drop=0.05)

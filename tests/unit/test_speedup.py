@@ -12,6 +12,8 @@ from draftsmith.core.config.sweep import SpeedupConfig
 from draftsmith.evals import plots, speedup
 from draftsmith.evals.sweep_bench import LevelResult, SpecDecode
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 CFG = SpeedupConfig(concurrency=(4, 1), rounds=2, requests=4, max_tokens=8, warmup_requests=1)
 LAT = {"mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": 1.0}

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from benchmarks._timing import best_of
-from benchmarks._train_data import SampleMaker, lognormal_lengths, loss_counts
+from benchmarks.helpers.timing import best_of
+from benchmarks.helpers.train_data import SampleMaker, lognormal_lengths, loss_counts
 from draftsmith.core import storage, tensorio
 from draftsmith.drafters import data
 from draftsmith.drafters.training import fsdp

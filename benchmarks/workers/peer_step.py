@@ -1,7 +1,7 @@
 """The peer's side of `benchmarks.peer_train`: speculators' own training forward and loss (`model(**batch,
 **train_kwargs)`, the call its trainer makes), backward and AdamW, on the shared inputs.
 
-`.venv-speculators/bin/python -m benchmarks._peer_step JOB` prints one JSON line `{"step_s": [...],
+`.venv-speculators/bin/python -m benchmarks.workers.peer_step JOB` prints one JSON line `{"step_s": [...],
 "peak_rss": bytes}` (warm-up steps excluded). Models are built from configs as its `from_training_args` does,
 with the verifier's embedding and head; attention is SDPA (flex attention on CPU needs torch.compile) and
 losses use its eager implementation (the fused one is Triton on a GPU).

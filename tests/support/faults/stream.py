@@ -32,10 +32,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks._fault_servers import FaultResult
+from tests.support.faults.result import FaultResult
+from tests.support.paths import ROOT, TINY
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "deployments" / "recipes" / "tiny-cpu.yaml"
 STALL_S = 10  # train.distributed.timeout_s of the rank scenarios: its minimum
 MASTER_TIMEOUT_S = 10.0  # hidden_states.online.master_timeout_s of the master scenario
 DEATH_S = 5.0  # how long the children of a SIGKILLed parent may take to die

@@ -9,7 +9,7 @@ per core), so the raw limit is measured with the Rust thread pool on, capped at 
 threads (RAYON_NUM_THREADS=workers). The machine may be shared, so the stage runs twice and the raw call
 three times, best of each; the stage's time includes starting its workers and loading the tokenizer.
 
-    .venv/bin/python benchmarks/tokenize.py [--rows 20000] [--workers 2]
+    .venv/bin/python benchmarks/tokenize_stage.py [--rows 20000] [--workers 2]
 """
 
 import argparse
@@ -17,14 +17,8 @@ import json
 import multiprocessing as mp
 import os
 import random
-import sys
 import tempfile
 import time
-from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path and its name shadows the standard library's
-# `tokenize` (which linecache and inspect import later); none of the imports above needs it.
-sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != Path(__file__).resolve().parent]
 
 WORDS = (
     "the model answers each question with a short derivation and then states the result clearly so that a "

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks._train_data import SampleMaker, lognormal_lengths, write_hidden_store, write_tokens
+from benchmarks.helpers.train_data import SampleMaker, lognormal_lengths, write_hidden_store, write_tokens
 from draftsmith.drafters.training.plan import plan_epoch
 from draftsmith.drafters.training.target_parts import load_target_parts
 from draftsmith.tasks.train import train

@@ -6,21 +6,16 @@ nothing from draftsmith. It prints one JSON object on the last line: `{"method",
 accepted_per_pos}}` (metrics are zeros without a drafter). `--method`/`--num-tokens` default to what the
 draft's config.json says (EAGLE-3: the trained depth; DFlash: block - 1; DSpark: block).
 
-    python benchmarks/_gpu_serve_check.py --target T [--draft D [--method M --num-tokens N]]
-    python benchmarks/_gpu_serve_check.py --make-drafts DIR --target T   # random drafters (needs draftsmith)
-    python benchmarks/_gpu_serve_check.py --summarise REPORTS.jsonl       # table + identical-output check
+    python benchmarks/workers/gpu_serve_check.py --target T [--draft D [--method M --num-tokens N]]
+    python benchmarks/workers/gpu_serve_check.py --make-drafts DIR --target T   # random drafters (needs draftsmith)
+    python benchmarks/workers/gpu_serve_check.py --summarise REPORTS.jsonl       # table + identical-output check
 """
 
+import argparse
+import json
 import os
 import sys
-
-# This folder holds `tokenize.py`, which would shadow the standard library module vLLM imports.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
+import time
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -115,7 +110,6 @@ def make_drafts(target: str, out: str) -> None:
     """Export random drafters for `target` under `out/<name>` (run from the repo root in the project venv)."""
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from draftsmith.drafters.export import bundle
 
     with open(os.path.join(target, "config.json")) as f:

@@ -1,4 +1,4 @@
-"""A drafter family that lives only here, registered as a plugin (`DRAFTSMITH_PLUGINS=tests.toy_family`).
+"""A drafter family that lives only here, registered as a plugin (`DRAFTSMITH_PLUGINS=tests.support.toy_family`).
 
 `toy` is a one-layer chain drafter with a recipe section of its own: a few widths and a fixed depth. Its
 model and objective are EAGLE-3's, built from a config it derives, and it is exported and served as EAGLE-3.
