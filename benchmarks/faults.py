@@ -8,11 +8,12 @@ Run from the repository root: `python -m benchmarks.faults [--runs N] [--only NA
 import argparse
 import logging
 import warnings
+from collections.abc import Callable
 
 from tests.support.faults import servers, storage, stream
 from tests.support.faults.result import FaultResult
 
-SCENARIOS = {**servers.SCENARIOS, **storage.SCENARIOS, **stream.SCENARIOS}
+SCENARIOS: dict[str, Callable[..., FaultResult]] = {**servers.SCENARIOS, **storage.SCENARIOS, **stream.SCENARIOS}
 
 
 def main() -> None:

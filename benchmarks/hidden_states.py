@@ -47,7 +47,7 @@ def capture_overhead() -> dict[str, float]:
     ids = torch.zeros(len(samples), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, s in enumerate(samples):
-        ids[row, : len(s["input_ids"])] = s["input_ids"]
+        ids[row, : len(s["input_ids"])] = torch.as_tensor(s["input_ids"])
         mask[row, : len(s["input_ids"])] = 1
     base, _, _ = hf.decoder_parts(capture.model)
 

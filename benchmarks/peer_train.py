@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -35,20 +36,20 @@ GIB = 2**30
 def families(quick: bool, anchors: int) -> dict[str, dict]:
     """`{name: {ours: drafter config, peer: peer shapes, taps}}` at the peer's shapes (toy ones with `quick`)."""
     if quick:
-        layer = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 128}
+        layer: dict[str, Any] = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 128}
         dv, blocks, rank, taps3, taps5 = 512, (4, 4), 8, [1, 2, 3], [1, 2, 3]
         n_layers = 2
     else:
         layer = {"num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "intermediate_size": 1536}
         dv, blocks, rank, taps3, taps5 = 8192, (8, 7), 256, [2, 15, 27], [2, 8, 15, 21, 27]
         n_layers = 5
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for depth in (3, 7):
         ours = {"kind": "eagle3", **layer, "draft_vocab_size": dv, "ttt_depth": depth}
         ours |= {"fc_norm": False, "norm_output": False}
         peer = {"family": "eagle3", **layer, "num_layers": 1, "draft_vocab_size": dv, "ttt_steps": depth}
         out[f"EAGLE-3, TTT {depth}"] = {"ours": ours, "peer": peer, "taps": taps3}
-    block = {**layer, "num_layers": n_layers, "num_anchors": anchors, "mask_token_id": 2}
+    block: dict[str, Any] = {**layer, "num_layers": n_layers, "num_anchors": anchors, "mask_token_id": 2}
     out[f"DFlash, block {blocks[0]}"] = {
         "ours": {"kind": "dflash2", **block, "block_size": blocks[0], "conv_kernel_size": 0, "selector_rank": 0},
         "peer": {"family": "dflash", **block, "block_size": blocks[0]},

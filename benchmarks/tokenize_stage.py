@@ -19,6 +19,7 @@ import os
 import random
 import tempfile
 import time
+from typing import Any
 
 WORDS = (
     "the model answers each question with a short derivation and then states the result clearly so that a "
@@ -50,7 +51,7 @@ def write_corpus(rows: list[dict], folder: str, shard_rows: int = 1000):
         data = "".join(json.dumps(r) + "\n" for r in rows[k : k + shard_rows]).encode()
         name = f"conversations-{k // shard_rows:05d}.jsonl"
         storage.write_bytes(f"{folder}/{name}", data)
-        files.append(FileEntry(name=name, bytes=len(data), sha256=storage.sha256(data)))
+        files.append(FileEntry(name=name, bytes=len(data), digest=storage.sha256(data), algo="sha256"))
     return StageManifest(stage="regenerate", key="bench", uri=folder, files=files)
 
 
@@ -74,7 +75,9 @@ def _naive_job(messages: list[dict]):
 
     from draftsmith.tasks.token_encode import encode
 
+    assert _NAIVE_TOK is not None, "set by the pool's initializer"
     e = encode(_NAIVE_TOK, messages, max_length=4096, last_turn_only=False)
+    assert e is not None, "4096 tokens hold every synthetic conversation"
     return torch.from_numpy(e.input_ids.copy()), torch.from_numpy(e.loss_mask.copy())
 
 
@@ -131,7 +134,7 @@ def main() -> None:
         print(f"naive stage: {naive_s:.1f} s", flush=True)
 
     texts = tok.apply_chat_template([r["messages"] for r in rows], tokenize=False)
-    raw_runs = {}
+    raw_runs: dict[str, Any] = {}
     for parallel in ("false", "true"):
         os.environ["TOKENIZERS_PARALLELISM"] = parallel
         raw_runs[parallel] = []

@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -76,7 +77,7 @@ def run(sizes: Sizes, *, recipe_path: str | Path = RECIPE, threads: int = 2) -> 
 
     recipe = load_recipe(recipe_path)
     t = time.perf_counter()
-    out = {"shares": padding_shares(sizes.samples)}
+    out: dict[str, Any] = {"shares": padding_shares(sizes.samples)}
     # Measured before and after the runs, best kept: another process busy during one measurement (shared CI
     # machines) would otherwise halve the peak and double the MFU.
     first = matmul_peaks(threads, sizes.peak_seconds)

@@ -22,7 +22,6 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.core import plugins
 from draftsmith.core.config import TargetConfig
-from draftsmith.core.config.drafter import DrafterConfigBase
 from draftsmith.drafters.layers import RopeScaling
 
 
@@ -94,19 +93,21 @@ class Family(Protocol):
     """A drafter family, as the stages use it.
 
     `export` is its serving method (`ExportMethod`, usually the family's export module): the method's name, the
-    engines' conventions and the files of an exported folder.
+    engines' conventions and the files of an exported folder. Configs and drafters are typed `Any`: each family
+    takes its own config class (found by `drafter.kind`) and its own drafter class.
     """
 
-    export: ExportMethod
+    @property
+    def export(self) -> ExportMethod: ...
 
-    def build(self, cfg: DrafterConfigBase, inputs: BuildInputs) -> nn.Module:
+    def build(self, cfg: Any, inputs: BuildInputs) -> nn.Module:
         """A fresh drafter for the target."""
 
-    def objective(self, cfg: DrafterConfigBase, model: nn.Module, head_VH: torch.Tensor, generator: torch.Generator):
+    def objective(self, cfg: Any, model: Any, head_VH: torch.Tensor, generator: torch.Generator):
         """Its training objective; the trainer reseeds `generator` before each micro-batch from that
         micro-batch's samples, so any rank draws alike."""
 
-    def checkpoint_blobs(self, model: nn.Module, taps: list[int], metadata: dict) -> dict[str, bytes]:
+    def checkpoint_blobs(self, model: Any, taps: list[int], metadata: dict) -> dict[str, bytes]:
         """The serving checkpoint: file name -> bytes."""
 
     def load(self, folder: str, target_model: PreTrainedModel) -> tuple[nn.Module, list[int]]:
@@ -115,7 +116,7 @@ class Family(Protocol):
     def generate(self, target, model, taps, prompt_S, *, g, max_new, eos, sampling, rule, generator, truncate):
         """Speculative decoding of one prompt (`draftsmith.drafters.speculative.Decoded`)."""
 
-    def proposer(self, model: nn.Module, g: int) -> Any:
+    def proposer(self, model: Any, g: int) -> Any:
         """One row's drafting state, for batched decoding (`draftsmith.drafters.speculative_batch`)."""
 
     def code_modules(self) -> list[ModuleType]:

@@ -58,8 +58,9 @@ def load_target(cfg: TargetConfig) -> tuple[PreTrainedModel, PreTrainedTokenizer
     return model, tok
 
 
-def decoder_parts(model: PreTrainedModel) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
-    """The base decoder, its layer list and its final norm (Llama-style models)."""
+def decoder_parts(model: PreTrainedModel) -> tuple[Any, nn.ModuleList, nn.Module]:
+    """The base decoder, its layer list and its final norm (Llama-style models; the decoder is typed by the
+    attributes callers use: `embed_tokens`, `rotary_emb`)."""
     base = model.get_decoder()
     return base, base.layers, base.norm
 

@@ -6,6 +6,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # `python -m pytest` puts the checkout first on sys.path, where its top-level folders (kernels/, core/, ...),
 # draftsmith's subpackages, would shadow installed packages of the same name: transformers imports `kernels`.
@@ -60,7 +61,9 @@ def tiny_run(tiny_cfg, tmp_path_factory):
 
     run = str(tmp_path_factory.mktemp("tiny-run"))
     c = tiny_cfg
-    out = {"select_prompts": select_prompts(c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts")}
+    out: dict[str, Any] = {
+        "select_prompts": select_prompts(c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts")
+    }
     out["regenerate"] = regenerate(
         c.regenerate, c.target, out["select_prompts"], seed=c.seed, out_uri=f"{run}/regenerate"
     )

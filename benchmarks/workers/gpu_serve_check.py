@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -38,13 +39,14 @@ def _combine(a: list[int], b: list[int], sign: int) -> list[int]:
 
 def spec_metrics(llm) -> dict:
     """The spec-decode counters summed over label sets (engine replicas)."""
-    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+    counts = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    per_pos: list[int] = []
     for m in llm.get_metrics():
         if m.name in _METRICS:
-            out[_METRICS[m.name]] += int(m.value)
+            counts[_METRICS[m.name]] += int(m.value)
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            out["accepted_per_pos"] = _combine(out["accepted_per_pos"], list(m.values), 1)
-    return out
+            per_pos = _combine(per_pos, list(m.values), 1)
+    return {**counts, "accepted_per_pos": per_pos}
 
 
 def draft_method(folder: str) -> tuple[str, int]:
@@ -81,7 +83,7 @@ def _random_models(cfg: dict) -> dict:
     from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
     H, V, heads = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
-    common = {
+    common: dict[str, Any] = {
         "hidden_size": H,
         "target_hidden_size": H,
         "num_taps": 3,
@@ -93,8 +95,8 @@ def _random_models(cfg: dict) -> dict:
         "rope_theta": float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)),
         "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
     }
-    block = {"num_layers": 1, "block_size": 4, "mask_token_id": 0}
-    conv = {"conv_kernel_size": 2, "conv_group_size": 64, "selector_rank": 32, "selector_top_k": 8}
+    block: dict[str, Any] = {"num_layers": 1, "block_size": 4, "mask_token_id": 0}
+    conv: dict[str, Any] = {"conv_kernel_size": 2, "conv_group_size": 64, "selector_rank": 32, "selector_top_k": 8}
     models = {
         "eagle3": ("eagle3", Eagle3Drafter(Eagle3Spec(**common, draft_vocab_size=V))),
         "dflash": ("dflash", DFlashDrafter(DFlashSpec(**common, **block))),

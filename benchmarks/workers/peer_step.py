@@ -39,7 +39,7 @@ def build(job: dict, x: dict) -> tuple[torch.nn.Module, dict]:
         Eagle3DraftModel,
         Eagle3SpeculatorConfig,
     )
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
     p = job["peer"]
     family = p["family"]
@@ -49,6 +49,7 @@ def build(job: dict, x: dict) -> tuple[torch.nn.Module, dict]:
         num_hidden_layers=p["num_layers"], rms_norm_eps=1e-6, max_position_embeddings=4096,
     )  # fmt: skip
     losses = {"loss_fn": "kl_div", "loss_implementation": "eager"}
+    layer_config: PretrainedConfig
     if family == "eagle3":
         layer_config = LlamaConfig(**layer)
         layer_config._attn_implementation = ATTN

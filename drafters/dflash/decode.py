@@ -21,7 +21,7 @@ from draftsmith.drafters.dflash.selector import walk
 from draftsmith.drafters.speculative import GREEDY, Decoded, Draft, is_greedy, speculative_decode
 from draftsmith.drafters.verify import Rule, Sampling, warp
 
-Propose = Callable[[DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor]
+Propose = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]  # the drafter is the proposer's own, as in Pick
 
 
 def default_propose(drafter: DFlashDrafter, h_QH: torch.Tensor, anchor_token: torch.Tensor) -> torch.Tensor:

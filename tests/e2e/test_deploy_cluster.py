@@ -46,6 +46,7 @@ def _check_pools(server: Server) -> None:
         gcl = get_json(f"{server.api_url}/v2/concurrency_limits/{name}")
         assert (gcl["limit"], gcl["active"]) == (slots, True), name
     block = get_json(f"{server.api_url}/block_types/slug/remote-file-system/block_documents/name/draftsmith-results")
+    assert inventory.result_storage is not None
     assert block["data"] == {"basepath": inventory.result_storage.basepath, "settings": {}}
 
 
@@ -167,7 +168,9 @@ def _results_land_on_s3(server: Server, tmp_path: Path) -> None:
     """A flow run with the deployments' env persists its task result under the block's s3:// base path."""
     import s3fs
 
-    basepath = load_inventory().result_storage.basepath
+    storage_block = load_inventory().result_storage
+    assert storage_block is not None
+    basepath = storage_block.basepath
     bucket = basepath.removeprefix("s3://").split("/")[0]
     (data := tmp_path / "s3").mkdir()
     with weed_s3(data, bucket=bucket) as s3_env:

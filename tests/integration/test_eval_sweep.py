@@ -125,6 +125,7 @@ def test_prometheus_counters_sum_over_engines():
         'vllm:num_requests_running{engine="0",model_name="m"} 0.0',
     ])  # fmt: skip
     got = parse_spec_counters(text)
+    assert got is not None
     assert (got.num_drafts, got.num_draft_tokens, got.num_accepted_tokens) == (15, 45, 7)
     assert got.accepted_per_pos == [5, 2] and got.acceptance_length == pytest.approx(1 + 7 / 15)
     assert parse_spec_counters('vllm:num_requests_running{engine="0"} 0.0') is None

@@ -96,6 +96,7 @@ def test_a_writer_killed_mid_upload_leaves_no_partial_shard(s3):
     env = os.environ | {"PYTHONPATH": os.getcwd()}
     child = subprocess.Popen([sys.executable, "-c", CHILD, uri], stdout=subprocess.PIPE, env=env, text=True)
     try:
+        assert child.stdout is not None
         line = child.stdout.readline().strip()
         assert line == "PARTS-UPLOADED", f"child said {line!r} (exit {child.poll()})"
         child.send_signal(signal.SIGKILL)

@@ -8,10 +8,12 @@ files both ways); the outputs must equal ours, which are computed from the expor
 in fp32, the precision the peer runs in. A control export with two tensors swapped must differ.
 """
 
+import functools
 import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +46,11 @@ SWAPS = {  # control exports: two same-shaped tensors exchanged
 }
 
 
-def _spec_args(V: int) -> dict:
+def _msg(where: str, message: str) -> str:
+    return f"{where}: {message}"
+
+
+def _spec_args(V: int) -> dict[str, Any]:
     return dict(
         hidden_size=64, target_hidden_size=64, num_taps=len(TAPS), num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=128, vocab_size=V,
@@ -54,7 +60,7 @@ def _spec_args(V: int) -> dict:
 def _drafters(V: int) -> dict[str, tuple[str, torch.nn.Module]]:
     """`{case: (export method, model)}`; EAGLE-3.1 adds the per-tap fc norms and the normed hidden feedback."""
     block = _spec_args(V) | {"num_layers": 2, "block_size": 4, "mask_token_id": 16}
-    dflash2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    dflash2: dict[str, Any] = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
     return {
         "eagle3": ("eagle3", Eagle3Drafter(Eagle3Spec(**_spec_args(V), draft_vocab_size=512))),
         "eagle3.1": (
@@ -180,7 +186,9 @@ def test_peer_loads_our_export_and_computes_the_same(interop, case):
     assert report["dropped"] == expected, report
     assert set(peer) == set(ours)
     for name, value in ours.items():
-        torch.testing.assert_close(peer[name], value, atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"{case} {n}: {m}")
+        torch.testing.assert_close(
+            peer[name], value, atol=ATOL, rtol=RTOL, msg=functools.partial(_msg, f"{case} {name}")
+        )
 
 
 @pytest.mark.parametrize("case", list(SWAPS))

@@ -60,6 +60,7 @@ def test_no_rows_gives_a_zero_loss_still_in_the_graph(interpreter):
     for mode in ("reference", "triton"):
         out = head_loss(x, w, labels=torch.zeros(0, dtype=torch.long), w_ce=torch.zeros(0), mode=mode)
         out.loss.backward()
+        assert out.ce is not None and w.grad is not None
         assert float(out.loss.detach()) == 0.0 and out.ce.shape == (0,)
         assert torch.equal(w.grad, torch.zeros_like(w))
 
@@ -88,6 +89,7 @@ def test_the_loss_is_the_textbook_formula_on_a_hand_case():
     logp_d, p_t = z.log_softmax(-1), zt.softmax(-1)
     assert_close(out.soft_ce, -(p_t * logp_d).sum(-1))
     assert_close(out.ce, -logp_d[[0, 1], [2, 0]])
+    assert out.acc is not None and out.hit is not None and out.soft_ce is not None
     assert out.acc.tolist() == [False, True] and out.hit.tolist() == [True, True]
     assert_close(out.loss, out.soft_ce.sum())
 

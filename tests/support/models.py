@@ -6,6 +6,7 @@ constants are prefixed by family (`DSPARK_V`), and a test imports them under its
 """
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -67,8 +68,8 @@ DSPARK_V, DSPARK_HT, DSPARK_TAPS, DSPARK_K = 40, 16, 2, 4
 ODD_D2T, ODD_T2D = build_draft_vocab(torch.arange(DSPARK_V) % 2, 24)
 
 
-def dspark_spec(**kw) -> DSparkSpec:
-    base = dict(
+def dspark_spec(**kw: Any) -> DSparkSpec:
+    base: dict[str, Any] = dict(
         hidden_size=32, target_hidden_size=DSPARK_HT, num_taps=DSPARK_TAPS, num_layers=2, num_heads=4, num_kv_heads=2
     )
     base |= dict(
@@ -187,7 +188,7 @@ def dflash_drafter(vocab: int, ht: int, seed: int, **kw) -> DFlashDrafter:
     return model.eval()
 
 
-DFLASH_VARIANTS = {
+DFLASH_VARIANTS: dict[str, dict[str, Any]] = {
     "dflash": {},
     "dflash2": dict(
         conv_kernel_size=2,
@@ -209,8 +210,8 @@ MLA_FIELDS = {"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, 
 MLA_H, MLA_HT, MLA_TAPS, MLA_V = 32, 24, 3, 50
 
 
-def eagle3_mla_spec(**kw) -> Eagle3Spec:
-    base = dict(
+def eagle3_mla_spec(**kw: Any) -> Eagle3Spec:
+    base: dict[str, Any] = dict(
         hidden_size=MLA_H,
         target_hidden_size=MLA_HT,
         num_taps=MLA_TAPS,

@@ -3,12 +3,17 @@ store, and the PNG check of the evaluation's plots."""
 
 import struct
 import zlib
+from typing import Any
 
 import matplotlib.image as mpimg
 import numpy as np
 import torch
 
+from draftsmith.core.manifest import StageManifest
+from draftsmith.core.stage import load_manifest
 from draftsmith.evals import plots
+from draftsmith.tasks.token_encode import Encoded
+from draftsmith.tasks.tokenization import encode
 from draftsmith.transport.offline_store import StoreInfo
 from draftsmith.transport.sample import HiddenSample, StoreCodec
 
@@ -71,3 +76,24 @@ def check_png(path, name: str) -> None:
     assert rgb.var(axis=0).sum() > 1e-3, "the image is (nearly) a single colour"
     packed = (rgb * 255).round().astype(np.uint32) @ np.array([1 << 16, 1 << 8, 1], dtype=np.uint32)
     assert len(np.unique(packed)) > 20, "too few colours for a chart with axes, text and data"
+
+
+def manifest(uri: str) -> StageManifest:
+    """The finished stage's manifest under `uri` (`load_manifest`, which says None when there is none)."""
+    found = load_manifest(uri)
+    assert found is not None, f"no manifest under {uri}"
+    return found
+
+
+def encoded(*args: Any, **kwargs: Any) -> Encoded:
+    """`tokenization.encode` of a conversation that fits (`encode` says None for one that does not)."""
+    enc = encode(*args, **kwargs)
+    assert enc is not None, "the conversation does not fit"
+    return enc
+
+
+def finished(manifests: dict[str, StageManifest | None]) -> dict[str, StageManifest]:
+    """A run's stage manifests (`kimi_k3`'s result), every stage having finished."""
+    missing = [stage for stage, m in manifests.items() if m is None]
+    assert not missing, f"stages without a manifest: {missing}"
+    return {stage: m for stage, m in manifests.items() if m is not None}

@@ -55,7 +55,8 @@ class ToyFamily:
     def __init__(self) -> None:
         from draftsmith.drafters.eagle3 import family as eagle3
 
-        self._eagle3, self.export = eagle3, eagle3.export
+        self._eagle3 = eagle3
+        self.export: families.ExportMethod = eagle3.export
 
     def build(self, cfg: ToyConfig, inputs: families.BuildInputs):
         return self._eagle3.build(cfg.as_eagle3(), inputs)

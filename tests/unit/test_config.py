@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from draftsmith.core.config import PipelineConfig, RecipeError, load_recipe
+from draftsmith.core.config import DFlash2Config, DSparkConfig, Eagle3Config, PipelineConfig, RecipeError, load_recipe
 from draftsmith.plan import render_plan
 from tests.support.paths import RECIPES as RECIPE_DIR
 
@@ -198,13 +198,16 @@ def test_kimi_drafters_match_the_seed_cards():
     from tests.support.paths import RECIPES as DIR
 
     eagle = load_recipe(DIR / "kimi-k3-eagle3.yaml")
+    assert isinstance(eagle.drafter, Eagle3Config)
     assert eagle.hidden_states.taps == [2, 46, 90] and eagle.drafter.attention == "mla"
     assert eagle.drafter.fc_norm and eagle.drafter.norm_output
     dspark = load_recipe(DIR / "kimi-k3-dspark.yaml")
+    assert isinstance(dspark.drafter, DSparkConfig)
     assert dspark.hidden_states.taps == [2, 23, 47, 71, 89] and dspark.target.num_layers == 93
     assert (dspark.drafter.num_layers, dspark.drafter.block_size, dspark.drafter.attention) == (5, 7, "mla")
     assert dspark.drafter.fc_norm
     dflash = load_recipe(DIR / "kimi-k3-dflash2.yaml").drafter
+    assert isinstance(dflash, DFlash2Config) and dflash.layer_types is not None
     assert dflash.layer_types.count("sliding_attention") == 4 and dflash.layer_types[-1] == "full_attention"
     assert dflash.attention == "mla" and dflash.block_size == 8
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from draftsmith.drafters.dflash.loss import slot_labels, slot_weights
-from draftsmith.drafters.dspark.decode import draft_block, propose
+from draftsmith.drafters.dspark.decode import DraftBlock, draft_block, propose
 from draftsmith.drafters.dspark.loss import dspark_loss, target_logp
 from draftsmith.drafters.dspark.model import DSparkDrafter, dspark_objective, output_labels
 from tests.support.models import DSPARK_HT as HT
@@ -139,7 +139,8 @@ def test_objective_trains_the_heads_and_not_the_frozen_target_parts():
     out.total.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight"):
-        assert grads[name] is not None and torch.count_nonzero(grads[name]) > 0, name
+        grad = grads[name]
+        assert grad is not None and torch.count_nonzero(grad) > 0, name
     assert grads["fc.weight"] is not None and torch.count_nonzero(grads["fc.weight"]) > 0
     # The shared target embedding and lm_head stay frozen without a pruned vocabulary.
     assert grads["embed_tokens.weight"] is None and grads["lm_head.weight"] is None
@@ -201,7 +202,7 @@ def test_decoding_on_the_tiny_target_equals_greedy_and_matches_training_heads():
     drafter = random_dspark(vocab, ht, seed=5)
     prompt = torch.randint(0, 1000, (9,), generator=torch.Generator().manual_seed(2))
     base = greedy_generate(target, prompt, max_new=24, eos=set())
-    seen: list[tuple[int, torch.Tensor]] = []
+    seen: list[tuple[int, DraftBlock]] = []
 
     def recording(d, h_QH, anchor):
         block = draft_block(d, h_QH, anchor)

@@ -6,12 +6,13 @@
 """
 
 import types
+from typing import cast
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.core.config import DSparkConfig
+from draftsmith.core.config import DSparkConfig, TargetConfig
 from draftsmith.drafters import families
 from draftsmith.drafters.dflash.loss import slot_labels, slot_weights
 from draftsmith.drafters.dspark import family
@@ -66,9 +67,12 @@ def test_config_defaults_are_the_reference_choices_and_the_old_ones_stay_selecta
 
 def test_family_objective_passes_the_switches_through():
     cfg = _config(partial_blocks=False, target_vocab="draft")
-    obj = family.objective(cfg, None, torch.zeros(V, HT), torch.Generator())
+    obj = family.objective(cfg, dspark_drafter(), torch.zeros(V, HT), torch.Generator())
     assert obj.keywords["partial_blocks"] is False and obj.keywords["target_vocab"] == "draft"
-    assert family.objective(_config(), None, torch.zeros(V, HT), torch.Generator()).keywords["target_vocab"] == "full"
+    assert (
+        family.objective(_config(), dspark_drafter(), torch.zeros(V, HT), torch.Generator()).keywords["target_vocab"]
+        == "full"
+    )
 
 
 def test_objective_rejects_an_unknown_target_vocabulary():
@@ -194,7 +198,12 @@ def test_pruned_objective_equals_the_loss_by_hand(target_vocab):
     assert abs(float(ref) - float(other)) > 1e-3  # the two targets do differ on this vocabulary
 
 
-def _head_case(seed: int = 0, n: int = 9, D: int = 6, Vd: int = 7, Vt: int = 15, r: int = 3):
+Tensors8 = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+]
+
+
+def _head_case(seed: int = 0, n: int = 9, D: int = 6, Vd: int = 7, Vt: int = 15, r: int = 3) -> Tensors8:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, D, generator=g, requires_grad=True)
     weight = torch.randn(Vd, D, generator=g, requires_grad=True)
@@ -227,8 +236,10 @@ def _fused(x, weight, emb, w2, hidden, head, t2d, labels, outside: bool, w_l1: b
     )
     if outside:
         weight, call = outside_column(weight, call, outside_logsumexp(hidden, head, t2d))
-    kw = dict(target=call.target, labels=call.labels, w_ce=call.w_ce, w_l1=call.w_l1, extra=call.extra)
-    return head_loss(x, weight, mode="reference", **kw)
+    return head_loss(
+        x, weight, mode="reference", target=call.target, labels=call.labels, w_ce=call.w_ce, w_l1=call.w_l1,
+        extra=call.extra,
+    )  # fmt: skip
 
 
 def test_outside_column_adds_the_outside_mass_to_l1_and_changes_nothing_else():
@@ -257,6 +268,7 @@ def test_outside_column_keeps_the_normaliser_in_the_heads_dtype():
     outside = outside_logsumexp(hidden, head, t2d) + 0.01  # not a bf16 value
     call = HeadLossCall(target=Target(hidden=hidden.bfloat16(), head=head[t2d]), labels=labels, extra=(emb, w2))
     _, wide = outside_column(weight, call, outside)
+    assert wide.target is not None and wide.target.hidden is not None
     assert wide.target.hidden.dtype == torch.float32 and torch.equal(wide.target.hidden[:, -1], outside)
     assert torch.equal(wide.target.rows(0, 9, 8)[:, -1], outside)
 
@@ -276,7 +288,7 @@ def test_full_vocab_head_takes_over_the_backbone_head_without_drawing():
 
 def _inputs():
     target_model = small_llama(V, HT, seed=4)
-    target = types.SimpleNamespace(hidden_size=HT, vocab_size=V)
+    target = cast(TargetConfig, types.SimpleNamespace(hidden_size=HT, vocab_size=V))  # what build reads of it
     return families.BuildInputs(target, target_model, TAPS, torch.arange(V, dtype=torch.float32))
 
 

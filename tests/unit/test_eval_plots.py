@@ -3,6 +3,7 @@ tables holding the figures, and Prefect artifacts created only inside a run."""
 
 import base64
 import sys
+from typing import Any, cast
 
 import pytest
 
@@ -104,7 +105,10 @@ def test_pooled_position_acceptance_weights_by_rounds_reaching_the_position():
             r"sweeps\[0\]\['levels'\]\[0\] has no 'output_tokens_per_s'",
         ),
         (lambda p: plots.reliability_diagram([(0.5, 0.2, 0.3, 0.3, 4)], p), r"bins\[0\] needs 0 <= lo < hi"),
-        (lambda p: plots.reliability_diagram(BINS_AFTER, p, bins_before=[(0, 1, 0.5)]), r"bins_before\[0\] must be"),
+        (
+            lambda p: plots.reliability_diagram(BINS_AFTER, p, bins_before=[cast(Any, (0, 1, 0.5))]),
+            r"bins_before\[0\] must be",
+        ),
         (lambda p: plots.acc_len_by_bench([RESULTS[0], RESULTS[0]], p), "two results for drafter 'eagle3'"),
     ],
 )

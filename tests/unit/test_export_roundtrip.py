@@ -3,6 +3,7 @@
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -196,7 +197,7 @@ def _dflash(embed: torch.Tensor, head: torch.Tensor, **kw):
     return model
 
 
-def _bf16_twin(model: torch.nn.Module, keep: set[str]) -> torch.nn.Module:
+def _bf16_twin(model: Any, keep: set[str]) -> Any:
     """`model` with every float rounded to bf16 except the shared tensors in `keep`."""
     twin = type(model)(model.spec).eval()
     twin.load_state_dict(
@@ -231,7 +232,7 @@ def test_dflash_export_load_identical_logits(tmp_path, kw):
     assert config["model_type"] == "qwen3" and config["num_target_layers"] == 8
     assert config["dflash_config"]["target_layer_ids"] == [1, 3, 6]
     assert config["dflash_config"]["mask_token_id"] == 7 and config["block_size"] == 4
-    assert bundle.method_module("dflash").num_speculative_tokens(config) == 3
+    assert bundle.method_module("dflash").num_speculative_tokens(config, None) == 3
     if dflash2:
         assert {k: config["dflash_config"][k] for k in kw} == kw
     tensors, _ = tensorio.loads(blobs["model.safetensors"])
@@ -292,7 +293,7 @@ def test_dspark_export_load_identical_outputs(tmp_path, kw, engine):
         assert config["dflash_config"]["target_layer_ids"] == [1, 3, 6]
     else:
         assert "dflash_config" not in config
-    assert bundle.method_module("dspark").num_speculative_tokens(config) == 4
+    assert bundle.method_module("dspark").num_speculative_tokens(config, None) == 4
     folder = bundle.write_folder(tmp_path / "dspark", blobs)
     loaded, loaded_taps = dspark_export.load_drafter(str(folder), embed, head)
     assert loaded_taps == taps

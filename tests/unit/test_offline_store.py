@@ -1,6 +1,7 @@
 """The offline store: shards of many store_samples, index and dataset.json, commit-then-index, resume, reads."""
 
 import json
+from typing import Any
 
 import fsspec
 import pytest
@@ -49,7 +50,7 @@ def test_ranged_reads_fetch_only_the_sample(monkeypatch):
     uri = "memory://ranged"
     data = store_samples(9, seed=3)
     write_store(uri, store_info(CODECS[0]), data, shard_samples=9)
-    fetched = []
+    fetched: list[Any] = []
     real = storage.read_ranges
 
     def spy(url, ranges):

@@ -25,9 +25,9 @@ def tier_problems(path: Path) -> list[str]:
     """A test module with no module tier and a test without its own; one line per offence."""
     tree = ast.parse(path.read_bytes(), filename=str(path))
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets) and _tiers(node.value):
-            return []
+        if isinstance(node, ast.Assign) and _tiers(node.value):
+            if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+                return []
     tests = [
         n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name.startswith(("test", "Test"))
     ]
@@ -46,6 +46,7 @@ def import_problems(path: Path, root: Path) -> list[str]:
     own = _module_name(path, root)
     bad = []
     for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        pairs: list[tuple[str, str | None]]
         if isinstance(node, ast.Import):
             pairs = [(alias.name, None) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

@@ -30,7 +30,7 @@ from tests.support.paths import ROOT
 STAGE = "hidden_states"
 SAMPLES, SHARD_SAMPLES, TAPS, HIDDEN = 32, 8, 3, 256
 # An S3 identity (weed's `-s3.config` syntax) that may read and list the bucket, nothing else.
-READ_ONLY = {
+READ_ONLY: dict[str, Any] = {
     "name": "reader",
     "key": "draftsmith-reader",
     "secret": "reader-secret-7f3a9c2e41",
@@ -347,7 +347,7 @@ def disk_child(work: str) -> None:
     error = _raised(lambda: store_stage(str(stage_dir), data))
     took = time.monotonic() - start
     present = {p.relative_to(stage_dir): p.read_bytes() for p in stage_dir.rglob("*") if p.is_file()}
-    found = {
+    found: dict[str, Any] = {
         "error": None if error is None else str(error),
         "error_type": type(error).__name__,
         "stage_dir": str(stage_dir),
