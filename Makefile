@@ -91,10 +91,10 @@ test-fast: setup
 docs: $(BIN)/.installed
 	$(BIN)/mkdocs build --strict --site-dir site
 
-# Benchmarks run as modules from the repo root: run as scripts, benchmarks/ would head sys.path and a file
-# named like a stdlib module (benchmarks/tokenize_stage.py) would shadow it.
+# Every top-level benchmarks/<name>.py (benchmarks/README.md), as a module from the repo root: each imports its
+# helpers from benchmarks/helpers and the scenarios it shares with the tests from tests/support.
 bench: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
-	@for b in benchmarks/[!_]*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
+	@for b in benchmarks/*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
 # ruff, then mypy over every package (through draftsmith/), tests/ and benchmarks/ ([tool.mypy] in pyproject.toml).
 lint: $(BIN)/.installed

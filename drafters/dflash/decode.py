@@ -68,11 +68,15 @@ def draft_block_hidden(drafter: DFlashDrafter, ctx: ContextKV, anchor_token: int
 
 
 # The drafter is the proposer's own, of the pick's family (DSpark's pick takes a DSparkDrafter), hence Any.
-Pick = Callable[[Any, torch.Tensor, torch.Tensor, Sampling, torch.Generator], Draft]
+Pick = Callable[[Any, torch.Tensor, torch.Tensor, Sampling, torch.Generator | None], Draft]
 
 
 def default_pick(
-    drafter: DFlashDrafter, h_QH: torch.Tensor, anchor: torch.Tensor, sampling: Sampling, generator: torch.Generator
+    drafter: DFlashDrafter,
+    h_QH: torch.Tensor,
+    anchor: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
 ) -> Draft:
     """DFlash/DFlash2 drafts: `default_propose` when greedy; sampled, each predicting slot draws from its own
     distribution (the slots are conditionally independent given the context; the DFlash2 selector walk is a

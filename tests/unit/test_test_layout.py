@@ -95,3 +95,13 @@ def test_planted_offences_are_named(tmp_path):
         "from tests.support.x import _helper\n\npytestmark = 1\n\n\ndef test_b():\n    pass\n"
     )
     assert any("imports the private tests.support.x._helper" in p for p in problems(tmp_path))
+
+
+def test_the_benchmarks_readme_lists_every_entry_point_and_make_bench_runs_no_helper():
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    entry_points = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
+    assert entry_points, "no entry point found"
+    missing = [name for name in entry_points if f"python -m benchmarks.{name}`" not in readme]
+    assert missing == [], f"benchmarks/README.md does not list {missing}"
+    # make bench runs the top-level files only: helpers and workers sit in folders of their own.
+    assert not [p.name for p in (ROOT / "benchmarks").glob("_*.py")]
