@@ -105,3 +105,61 @@ def test_the_benchmarks_readme_lists_every_entry_point_and_make_bench_runs_no_he
     assert missing == [], f"benchmarks/README.md does not list {missing}"
     # make bench runs the top-level files only: helpers and workers sit in folders of their own.
     assert not [p.name for p in (ROOT / "benchmarks").glob("_*.py")]
+
+
+def _imported(node: ast.AST) -> list[str]:
+    """The dotted names an import statement may load (`from m import x` may name a submodule `m.x`)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+    return []
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of `tests/` and `benchmarks/` it imports, deferred imports included."""
+    files = {
+        _module_name(p, root).removesuffix(".__init__"): p
+        for folder in FOLDERS
+        for p in (root / folder).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+            for target in _imported(node):
+                parts = target.split(".")
+                prefixes = (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+                found = next((p for p in prefixes if p in files), None)
+                if found is not None and found != name:
+                    graph[name].add(found)
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Cycles among the modules of `tests/` and `benchmarks/` (each found once)."""
+    graph = _import_graph(root)
+    cycles, state = [], dict.fromkeys(graph, 0)  # 0 new, 1 on the stack, 2 done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state[nxt] == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif state[nxt] == 0:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if state[start] == 0:
+            visit(start, [start])
+    return cycles
+
+
+def test_no_two_modules_of_tests_or_benchmarks_import_each_other_round_a_cycle(tmp_path):
+    assert import_cycles(ROOT) == []
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "benchmarks" / "a.py").write_text("def f():\n    from benchmarks.b import g\n")
+    (tmp_path / "benchmarks" / "b.py").write_text("from benchmarks import a\n")
+    assert import_cycles(tmp_path) == [["benchmarks.a", "benchmarks.b", "benchmarks.a"]]
