@@ -26,7 +26,7 @@ import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TextIO, TypeGuard
+from typing import TextIO, TypeGuard, cast
 from uuid import UUID
 
 from tqdm import tqdm
@@ -309,8 +309,8 @@ def prefect_sink(key: str, description: str) -> Sink | None:
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
     try:
-        artifact_id = create_progress_artifact(0.0, key=ui.artifact_key(key), description=description)
-        assert isinstance(artifact_id, UUID)  # called synchronously, it returns the id, not a coroutine
+        # Called synchronously, it returns the id, not a coroutine.
+        artifact_id = cast(UUID, create_progress_artifact(0.0, key=ui.artifact_key(key), description=description))
     except Exception as err:  # see Progress._send
         log.warning("progress: could not create the %s progress artifact (%s)", key, err)
         return None

@@ -1,4 +1,4 @@
-"""The offline store: shards of many store_samples, index and dataset.json, commit-then-index, resume, reads."""
+"""The offline store: shards of many samples, index and dataset.json, commit-then-index, resume, reads."""
 
 import json
 from typing import Any
@@ -30,8 +30,8 @@ def test_every_sample_reads_back_exactly_as_encoded(tmp_path, codec, where):
     uri = str(tmp_path / "store") if where == "local" else f"memory://store-{codec.dtype}-{codec.positions}"
     data = store_samples(11)
     dataset = write_store(uri, store_info(codec), data, shard_samples=4)
-    assert [s["store_samples"] for s in dataset["shards"]] == [4, 4, 3]
-    assert dataset["store_samples"] == 11 and dataset["tokens"] == sum(len(s.input_ids) for s in data)
+    assert [s["samples"] for s in dataset["shards"]] == [4, 4, 3]
+    assert dataset["samples"] == 11 and dataset["tokens"] == sum(len(s.input_ids) for s in data)
     ds = OfflineDataset(uri)
     assert (
         ds.info.codec == codec and ds.info.tokenizer_sha256 == "abc" and ds.lengths == [len(s.input_ids) for s in data]
