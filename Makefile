@@ -85,7 +85,7 @@ test: setup
 	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory -j2 $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed; venvs=$$?; \
 	wait $$lint; linted=$$?; cat $(VENV)/lint.log; test $$venvs = 0 && test $$linted = 0
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -m "not bench"
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
 test-fast: setup
@@ -97,7 +97,9 @@ docs: $(BIN)/.installed
 
 # Every top-level benchmarks/<name>.py (benchmarks/README.md), as a module from the repo root: each imports its
 # helpers from benchmarks/helpers and the scenarios it shares with the tests from tests/support.
+# First the toy-size runs of the benchmarks and GPU checks (tests marked `bench`, which make test leaves out).
 bench: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -m bench
 	@for b in benchmarks/*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
 # ruff, then mypy over every package (through draftsmith/), tests/ and benchmarks/ ([tool.mypy] in pyproject.toml).

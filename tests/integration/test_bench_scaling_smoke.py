@@ -64,6 +64,7 @@ def _manifests(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): json.loads(p.read_text())["created_at"] for p in root.rglob("manifest.json")}
 
 
+@pytest.mark.bench
 def test_two_families_three_sizes(tmp_path):
     template = _recipes(tmp_path)
     proc = _run(tmp_path, template, 1500)
