@@ -39,7 +39,7 @@ sysdeps:
 	  fi; \
 	fi
 
-$(BIN)/.installed: pyproject.toml setup.py core/layout.py | sysdeps
+$(BIN)/.installed: pyproject.toml | sysdeps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first and pinned: the CPU wheel lies on disk; anything unpinned pulls CUDA builds. numpy with it,
 	# so that torch's first import finds it.
@@ -89,9 +89,14 @@ run: setup $(VLLM_VENV)/.installed
 	$(BIN)/draftsmith run $(RECIPE)
 	$(BIN)/draftsmith speedup $(RECIPE)
 
-# Two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
-test: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile
+# CI runs `make test` only, so it lints too (ruff and mypy, about a minute on a fresh clone). Lint and the two
+# extra venvs (mostly downloads and unpacking) run at once; lint's output is printed when both are done.
+# Then two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
+test: setup
+	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory -j2 $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed; venvs=$$?; \
+	wait $$lint; linted=$$?; cat $(VENV)/lint.log; test $$venvs = 0 && test $$linted = 0
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -m "not bench"
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
 test-fast: setup
@@ -101,14 +106,18 @@ test-fast: setup
 docs: $(BIN)/.installed
 	$(BIN)/mkdocs build --strict --site-dir site
 
-# Benchmarks run as modules from the repo root: run as scripts, benchmarks/ would head sys.path and a file
-# named like a stdlib module (benchmarks/tokenize.py) would shadow it.
+# Every top-level benchmarks/<name>.py (benchmarks/README.md), as a module from the repo root: each imports its
+# helpers from benchmarks/helpers and the scenarios it shares with the tests from tests/support.
+# First the toy-size runs of the benchmarks and GPU checks (tests marked `bench`, which make test leaves out).
 bench: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
-	@for b in benchmarks/[!_]*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -m bench
+	@for b in benchmarks/*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
+# ruff, then mypy over every package (through draftsmith/), tests/ and benchmarks/ ([tool.mypy] in pyproject.toml).
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean-runs:
 	rm -rf runs

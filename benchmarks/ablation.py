@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from benchmarks import _scaling_fit as fit
 from benchmarks import scaling
+from benchmarks.helpers import scaling_fit as fit
 from draftsmith.core import storage
 from draftsmith.core.config import PipelineConfig, load_recipe, record_recipe
 from draftsmith.core.manifest import StageManifest

@@ -7,9 +7,11 @@ sequence of 1024, 2048 and 4096 tokens with 60% loss tokens. Anchored uses 512 a
 Run: `python -m benchmarks.anchored_ttt` (part of `make bench`).
 """
 
+import functools
+
 import torch
 
-from benchmarks._timing import best_of
+from benchmarks.helpers.timing import best_of
 from draftsmith.drafters.anchors import strided_anchors
 from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss
 from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss
@@ -69,8 +71,8 @@ def main() -> None:
     print(f"TTT depth {DEPTH}, {ANCHORS} anchors (max_gap {DEPTH}), forward + backward, fp32, 2 threads")
     for S in (1024, 2048, 4096):
         b = batch(S)
-        dense = best_of(lambda b=b: step_dense(model, b, head), 2)
-        anchored = best_of(lambda b=b: step_anchored(model, b, head), 2)
+        dense = best_of(functools.partial(step_dense, model, b, head), 2)
+        anchored = best_of(functools.partial(step_anchored, model, b, head), 2)
         model.zero_grad(set_to_none=True)
         print(f"seq {S}: dense {dense:.2f} s, anchored {anchored:.2f} s -> dense / anchored = {dense / anchored:.2f}x")
 

@@ -8,11 +8,12 @@ Run from the repository root: `python -m benchmarks.faults [--runs N] [--only NA
 import argparse
 import logging
 import warnings
+from collections.abc import Callable
 
-from benchmarks import _fault_servers, _fault_stream
-from benchmarks._fault_servers import FaultResult
+from tests.support.faults import servers, storage, stream
+from tests.support.faults.result import FaultResult
 
-SCENARIOS = {**_fault_servers.SCENARIOS, **_fault_stream.SCENARIOS}
+SCENARIOS: dict[str, Callable[..., FaultResult]] = {**servers.SCENARIOS, **storage.SCENARIOS, **stream.SCENARIOS}
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_kernels.sh [driver args]     # e.g. --ops head_eagle3 --T 4096
 #   bash benchmarks/gpu_kernels.sh --smoke           # CPU, TRITON_INTERPRET=1, tiny shapes (CI's smoke test)
 #
-# The driver (benchmarks/_gpu_kernels.py) needs only torch and triton (CUDA builds of torch bring triton) and this
+# The driver (benchmarks/workers/gpu_kernels.py) needs only torch and triton (CUDA builds of torch bring triton) and this
 # repository's `kernels` package. Prints one line per op and implementation, a markdown table, whether the
 # head-loss goal (>= 2x less memory than the compiled reference at equal or better speed) is met, and a JSON
 # line; exit status 1 if a case failed, missed parity or was skipped for time (--budget-s, default 420 s).
@@ -31,9 +31,9 @@ fi
 
 LOG=$(mktemp /tmp/gpu_kernels.XXXXXX.log)
 status=0
-# As a module from the root: run as a script, benchmarks/ would head sys.path and benchmarks/tokenize.py
+# As a module from the root: run as a script, benchmarks/ would head sys.path and benchmarks/tokenize_stage.py
 # would shadow the stdlib module.
-timeout "${CHECK_TIMEOUT:-540}" "$PYTHON" -m benchmarks._gpu_kernels "$@" 2>&1 | tee "$LOG" || status=$?
+timeout "${CHECK_TIMEOUT:-540}" "$PYTHON" -m benchmarks.workers.gpu_kernels "$@" 2>&1 | tee "$LOG" || status=$?
 if [ -n "${OUT:-}" ]; then cp "$LOG" "$OUT/gpu_kernels.log"; fi
 rm -f "$LOG"
 exit "$status"

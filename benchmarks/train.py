@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ QUICK = Sizes(samples=600, rounds=2, steps_per_round=1, step_max_len=64, store_m
 
 def padding_shares(n: int, *, budget: int = 32768, world: int = 8, grad_accum: int = 2, seed: int = 0) -> dict:
     """Padded-token share per batching policy on `n` log-normal lengths (median 800, sigma 1, clip 32768)."""
-    from benchmarks._train_data import lognormal_lengths
+    from benchmarks.helpers.train_data import lognormal_lengths
 
     lengths = lognormal_lengths(n, median=800, sigma=1.0, lo=16, hi=32768, seed=seed)
     out = {"random": plan.padding_share(plan.random_batches(lengths, budget=budget, seed=seed))}
@@ -71,12 +72,12 @@ def matmul_peaks(threads: int, seconds: float) -> dict[str, float]:
 def run(sizes: Sizes, *, recipe_path: str | Path = RECIPE, threads: int = 2) -> dict:
     """Every part at `sizes` on the recipe's target and drafter; returns the figures `report` prints."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from benchmarks._train_ranks import run_rank_bench
-    from benchmarks._train_sync import run_sync_bench
+    from benchmarks.helpers.train_ranks import run_rank_bench
+    from benchmarks.helpers.train_sync import run_sync_bench
 
     recipe = load_recipe(recipe_path)
     t = time.perf_counter()
-    out = {"shares": padding_shares(sizes.samples)}
+    out: dict[str, Any] = {"shares": padding_shares(sizes.samples)}
     # Measured before and after the runs, best kept: another process busy during one measurement (shared CI
     # machines) would otherwise halve the peak and double the MFU.
     first = matmul_peaks(threads, sizes.peak_seconds)

@@ -20,7 +20,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, cast
 
 from prefect import task
 
@@ -62,6 +62,14 @@ def artifact_cache_key(stage: str, key_of: KeyFn) -> Callable[[Any, dict[str, An
     return key_fn
 
 
+class StageTask(Protocol):
+    """A stage's Prefect task, which also carries its stage key function (`stage_task`)."""
+
+    stage_key: Callable[..., str]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 def summarised(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn`, publishing the summary of the StageManifest it returns (inside a Prefect run)."""
 
@@ -91,7 +99,7 @@ def stage_task(name: str, stage: str, key: KeyFn) -> Callable[[Callable[..., Any
             retry_delay_seconds=RETRY_DELAYS,
             retry_condition_fn=transient_only,
         )(summarised(fn))
-        wrapped.stage_key = key
+        cast(StageTask, wrapped).stage_key = key
         return wrapped
 
     return decorate

@@ -3,7 +3,9 @@
 Every package installs under the one import name `draftsmith`: `draftsmith.tasks` is the `tasks/` folder,
 `draftsmith.core` the `core/` folder, and `draftsmith` itself the `draftsmith/` folder (the command line,
 deployment and planning). A module imports only from its own floor or the floors below it, and never in
-a cycle (`tests/unit/test_import_floors.py`). `setup.py` reads this file to map the packages.
+a cycle (`tests/unit/test_import_floors.py`). `draftsmith/<name>` is a relative link to each folder
+(`draftsmith/core -> ../core`), which the build, Python and static tools follow alike
+(`tests/unit/test_wheel_namespace.py` checks the links against `PACKAGES`).
 """
 
 # (floor, packages on it), top floor first. drafters, engines and transport share a floor in the design;

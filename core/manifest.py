@@ -11,12 +11,14 @@ import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from draftsmith.core import storage
 
+xxhash: ModuleType | None
 try:
     import xxhash
 except ImportError:  # pragma: no cover - xxhash arrives with `datasets`; BLAKE2b keeps verification working

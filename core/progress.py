@@ -26,7 +26,8 @@ import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TextIO
+from typing import TextIO, TypeGuard, cast
+from uuid import UUID
 
 from tqdm import tqdm
 
@@ -90,7 +91,7 @@ class _AroundBars(logging.Handler):
         try:
             with tqdm.external_write_mode(file=self.inner.stream):
                 self.inner.handle(record)
-        except Exception:  # noqa: BLE001 - as logging's own handlers: report, never raise into the caller
+        except Exception:  # as logging's own handlers: report, never raise into the caller
             self.handleError(record)
 
 
@@ -105,7 +106,7 @@ class _LogRouting:
         self._open: weakref.WeakSet[Progress] = weakref.WeakSet()
 
     @staticmethod
-    def _on_screen(handler: logging.Handler, bar_stream: TextIO) -> bool:
+    def _on_screen(handler: logging.Handler, bar_stream: TextIO) -> TypeGuard[logging.StreamHandler]:
         if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
             return False
         stream = handler.stream
@@ -241,7 +242,7 @@ class Progress:
                 bar.update(_count(self.done - bar.n))  # tqdm's own throttle: at most one redraw per 0.1 s
             if retotalled:
                 bar.refresh()
-        except Exception as err:  # noqa: BLE001 - see _send
+        except Exception as err:  # see _send
             self._close_bar()
             log.warning("progress: the terminal bar failed (%s); no further bar", err)
 
@@ -272,7 +273,7 @@ class Progress:
         if bar is not None:
             try:
                 bar.close()
-            except Exception:  # noqa: BLE001, S110 - a closed terminal; the stage goes on
+            except Exception:  # a closed terminal; the stage goes on
                 pass
             _routing.closed(self)
 
@@ -287,7 +288,7 @@ class Progress:
             self._last_sent_at, self._last_sent = now, value
             try:
                 sink(value)
-            except Exception as err:  # noqa: BLE001 - a progress bar must never fail the stage it describes
+            except Exception as err:  # a progress bar must never fail the stage it describes
                 log.warning("progress: the Prefect API refused an update (%s); no further updates", err)
                 self._sink = None
 
@@ -308,8 +309,9 @@ def prefect_sink(key: str, description: str) -> Sink | None:
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
     try:
-        artifact_id = create_progress_artifact(0.0, key=ui.artifact_key(key), description=description)
-    except Exception as err:  # noqa: BLE001 - see Progress._send
+        # Called synchronously, it returns the id, not a coroutine.
+        artifact_id = cast(UUID, create_progress_artifact(0.0, key=ui.artifact_key(key), description=description))
+    except Exception as err:  # see Progress._send
         log.warning("progress: could not create the %s progress artifact (%s)", key, err)
         return None
     context = contextvars.copy_context()

@@ -9,6 +9,8 @@ applies it to every log record the process creates.
 import logging
 import re
 import threading
+from collections.abc import Callable
+from typing import Any
 
 MASK = "[redacted]"
 # Shorter values would mask ordinary words and digits all over the logs.
@@ -64,6 +66,18 @@ class RedactingFilter(logging.Filter):
 _FILTER = RedactingFilter()
 
 
+class _RedactingFactory:
+    """A log-record factory that redacts each record `previous` makes (installed once)."""
+
+    def __init__(self, previous: Callable[..., logging.LogRecord]) -> None:
+        self.previous = previous
+
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = self.previous(*args, **kwargs)
+        _FILTER.filter(record)
+        return record
+
+
 def install_log_redaction() -> None:
     """Redact every log record at creation, before any handler sees it.
 
@@ -71,13 +85,5 @@ def install_log_redaction() -> None:
     (Prefect's API log handler, which writes to its database) reach those handlers first.
     """
     previous = logging.getLogRecordFactory()
-    if getattr(previous, "redacts", False):
-        return
-
-    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        _FILTER.filter(record)
-        return record
-
-    factory.redacts = True  # type: ignore[attr-defined]
-    logging.setLogRecordFactory(factory)
+    if not isinstance(previous, _RedactingFactory):
+        logging.setLogRecordFactory(_RedactingFactory(previous))

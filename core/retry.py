@@ -7,7 +7,7 @@ TRANSIENT_TYPES: tuple[type[BaseException], ...] = (ConnectionError, TimeoutErro
 TRANSIENT_NAMES = {"ClientConnectionError", "ServerDisconnectedError", "EndpointConnectionError", "ReadTimeoutError"}
 
 RETRIES = 2
-RETRY_DELAYS = [5, 30]
+RETRY_DELAYS: list[float] = [5, 30]
 
 
 def is_transient(exc: BaseException | None) -> bool:

@@ -80,7 +80,7 @@ class S3Lease:
                 put = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=self._body(), **condition)
             self.etag = put["ETag"]
             return True
-        except Exception as err:  # noqa: BLE001 - botocore's ClientError; anything else is re-raised
+        except Exception as err:  # botocore's ClientError; anything else is re-raised
             if _error_code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 return False
             raise
@@ -91,7 +91,7 @@ class S3Lease:
         try:
             with storage.reported("read", self.url):
                 got = self.client.get_object(Bucket=self.bucket, Key=self.key)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             if _error_code(err) in ("NoSuchKey", "404"):
                 return None, None
             raise
@@ -129,7 +129,7 @@ class S3Lease:
                     self.lost = f"another run replaced the lease at {datetime.now(UTC).isoformat(timespec='seconds')}"
                     log.error("run folder %s: %s; this run is no longer its only writer", self.run_dir, self.lost)
                     return
-            except Exception as err:  # noqa: BLE001 - a blip: the lease has two more renewals before it expires
+            except Exception as err:  # a blip: the lease has two more renewals before it expires
                 log.warning("run folder %s: renewing the lease failed (%s); retrying", self.run_dir, type(err).__name__)
 
     def release(self) -> None:
@@ -139,7 +139,7 @@ class S3Lease:
         if self.lost is None and self.etag is not None:
             try:
                 self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=self.etag)
-            except Exception as err:  # noqa: BLE001 - it expires on its own
+            except Exception as err:  # it expires on its own
                 log.warning("run folder %s: could not delete the lease (%s)", self.run_dir, type(err).__name__)
 
 

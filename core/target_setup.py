@@ -24,7 +24,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ def _convert_smollm2(out: Path) -> None:
     model = tf.LlamaForCausalLM(tf.LlamaConfig.from_dict(config))
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     del gguf_model
-    model.to(torch.bfloat16)
+    model.to(torch.bfloat16)  # type: ignore[arg-type]  # transformers' wrapper of `to` types its self as the argument
     model.generation_config = tf.GenerationConfig(**special)
     model.save_pretrained(out, safe_serialization=True)
     _drop_library_version(out)
@@ -321,17 +321,17 @@ def _build_tiny(out: Path, *, tokenizer_dir: Path, seed: int, shape: dict[str, i
     config = tf.LlamaConfig(
         vocab_size=ref["vocab_size"],
         max_position_embeddings=2048,
-        rope_theta=100000.0,
+        rope_theta=100000.0,  # type: ignore[call-arg]  # taken by PretrainedConfig's **kwargs, which its stub omits
         tie_word_embeddings=True,
         initializer_range=TINY_INIT_STD,
         architectures=["LlamaForCausalLM"],
-        **shape,
+        **cast(dict[str, Any], shape),
         **special,
     )
     with torch.random.fork_rng(devices=[]):  # seeding must not disturb the caller's RNG stream
         torch.manual_seed(seed)
         model = tf.LlamaForCausalLM(config)
-    model.to(torch.float32)
+    model.to(torch.float32)  # type: ignore[arg-type]  # transformers' wrapper of `to` types its self as the argument
     model.generation_config = tf.GenerationConfig(**special)
     model.save_pretrained(out, safe_serialization=True)
     _drop_library_version(out)

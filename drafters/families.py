@@ -22,7 +22,6 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from draftsmith.core import plugins
 from draftsmith.core.config import TargetConfig
-from draftsmith.core.config.drafter import DrafterConfigBase
 from draftsmith.drafters.layers import RopeScaling
 
 
@@ -36,24 +35,79 @@ class BuildInputs:
     counts_V: torch.Tensor  # how often each target id is a loss token: the draft vocabulary's ranking
 
 
+class ExportMethod(Protocol):
+    """A serving method: what an engine calls a drafter and that method's conventions, as the export, serve and
+    sweep code use it (`draftsmith.drafters.export.methods`). Usually a family's `export` module; several
+    families may share one. Drafters are typed `Any` here: each method takes its own family's drafter class.
+    A method may also define `check_servable(spec, engine)`, run before its checkpoint is written."""
+
+    METHOD: str  # the name the engines know (vLLM's `--speculative-config` method)
+    SGLANG_ALGORITHM: str  # SGLang's and TokenSpeed's name for it
+    TAP_IDS_ENGINES: tuple[str, ...]  # engines whose draft config lists our taps as they are (the others: tap - 1)
+
+    def draft_tokens(self, *, depth: int | None = None, block_size: int | None = None) -> int:
+        """Drafts per verification step of a drafter trained with `depth` (EAGLE-3) or `block_size` (blocks)."""
+        ...
+
+    def num_speculative_tokens(self, config: dict, depth: int | None) -> int:
+        """Drafts per verification step of an exported `config.json` (`depth` overrides its own)."""
+        ...
+
+    def speculative_args(self, engine: str, num_tokens: int) -> list[str]:
+        """The method's own launch flags for SGLang and TokenSpeed."""
+        ...
+
+    def notes(self, engine: str) -> list[str]:
+        """Caveats printed with the launch command."""
+        ...
+
+    def recognizes(self, config: dict) -> bool:
+        """Whether an exported `config.json` is this method's."""
+        ...
+
+    def checkpoint_blobs(self, model: Any, taps: list[int], metadata: dict, engine: str = ...) -> dict[str, bytes]:
+        """The serving checkpoint for `engine`: file name -> bytes."""
+        ...
+
+    def config_layer_ids(self, config: dict) -> list[int]:
+        """The tap layer ids an exported `config.json` lists."""
+        ...
+
+    def expected_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
+        """Every weight's shape as an exported `config.json` implies it."""
+        ...
+
+    def extra_files(self, blobs: dict[str, bytes], run_dir: str, model: Any) -> dict[str, bytes]:
+        """Files beyond the weights (e.g. a calibration), from the run folder."""
+        ...
+
+    def load_drafter(
+        self, folder: str, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor | None = None
+    ) -> tuple[Any, list[int]]:
+        """The fp32 drafter and its taps from an exported folder, sharing the target's embedding (and head)."""
+        ...
+
+
 @runtime_checkable
 class Family(Protocol):
     """A drafter family, as the stages use it.
 
-    `export` is its export module (`draftsmith.drafters.export.methods.ExportMethod`): the serving method, the
-    engines' conventions and the files of an exported folder.
+    `export` is its serving method (`ExportMethod`, usually the family's export module): the method's name, the
+    engines' conventions and the files of an exported folder. Configs and drafters are typed `Any`: each family
+    takes its own config class (found by `drafter.kind`) and its own drafter class.
     """
 
-    export: Any
+    @property
+    def export(self) -> ExportMethod: ...
 
-    def build(self, cfg: DrafterConfigBase, inputs: BuildInputs) -> nn.Module:
+    def build(self, cfg: Any, inputs: BuildInputs) -> nn.Module:
         """A fresh drafter for the target."""
 
-    def objective(self, cfg: DrafterConfigBase, model: nn.Module, head_VH: torch.Tensor, generator: torch.Generator):
+    def objective(self, cfg: Any, model: Any, head_VH: torch.Tensor, generator: torch.Generator):
         """Its training objective; the trainer reseeds `generator` before each micro-batch from that
         micro-batch's samples, so any rank draws alike."""
 
-    def checkpoint_blobs(self, model: nn.Module, taps: list[int], metadata: dict) -> dict[str, bytes]:
+    def checkpoint_blobs(self, model: Any, taps: list[int], metadata: dict) -> dict[str, bytes]:
         """The serving checkpoint: file name -> bytes."""
 
     def load(self, folder: str, target_model: PreTrainedModel) -> tuple[nn.Module, list[int]]:
@@ -62,7 +116,7 @@ class Family(Protocol):
     def generate(self, target, model, taps, prompt_S, *, g, max_new, eos, sampling, rule, generator, truncate):
         """Speculative decoding of one prompt (`draftsmith.drafters.speculative.Decoded`)."""
 
-    def proposer(self, model: nn.Module, g: int) -> Any:
+    def proposer(self, model: Any, g: int) -> Any:
         """One row's drafting state, for batched decoding (`draftsmith.drafters.speculative_batch`)."""
 
     def code_modules(self) -> list[ModuleType]:
@@ -115,7 +169,7 @@ def code_of(kind: str) -> list[ModuleType]:
 
 def rope_theta(config: PretrainedConfig) -> float:
     params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
+    return float(params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
 
 
 def rope_scaling(config: PretrainedConfig) -> dict | None:
@@ -131,9 +185,16 @@ def rms_norm_eps(config: PretrainedConfig) -> float:
     return float(getattr(config, "rms_norm_eps", 1e-5))
 
 
+def weight_of(module: nn.Module) -> torch.Tensor:
+    """`module.weight` (an embedding's, a linear head's) as a tensor; module attributes type as `Tensor | Module`."""
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor), type(weight)
+    return weight
+
+
 def copy_frozen(dst: nn.Module | nn.Parameter, src: torch.Tensor) -> None:
     """Copy a target tensor into a drafter's frozen copy (embedding, shared lm_head), in fp32."""
-    weight = dst.weight if isinstance(dst, nn.Module) else dst
+    weight = weight_of(dst) if isinstance(dst, nn.Module) else dst
     with torch.no_grad():
         weight.copy_(src.float())
     weight.requires_grad_(False)

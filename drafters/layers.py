@@ -5,6 +5,7 @@ Shape legend: B batch, S sequence, D model width, h heads, d head width, n rows,
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -27,9 +28,10 @@ class RMSNorm(nn.Module):
 
 def multi_rms_norm(norms: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     """`cat([norm_i(chunk_i(x))])` `[..., n*H]` in one pass: EAGLE-3.1 / DSpark's per-tap `fc_norm`."""
-    weight_nH = torch.stack([norm.weight for norm in norms])
+    rms = cast(list[RMSNorm], list(norms))  # a ModuleList iterates as Module
+    weight_nH = torch.stack([norm.weight for norm in rms])
     mode = "reference" if torch.compiler.is_compiling() else None
-    return rms_norm(x, weight_nH, norms[0].eps, mode=mode)
+    return rms_norm(x, weight_nH, rms[0].eps, mode=mode)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class OutputHead(nn.Linear):
     loss without materialising `[n, V]` logits. FSDP registers `fused_loss` (the head is its own unit), so the
     weight is gathered for it as for `forward`."""
 
-    fsdp_forward_methods = ("fused_loss",)
+    fsdp_forward_methods: tuple[str, ...] = ("fused_loss",)
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features, bias=False)
@@ -135,10 +137,10 @@ def _yarn_inv_freq(
     pos_freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (s.factor * pos_freqs)
 
+    original = s.original_max_position_embeddings
+
     def correction_dim(rotations: float) -> float:
-        return (
-            head_dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-        )
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
     if s.truncate:

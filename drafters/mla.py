@@ -35,7 +35,10 @@ class MLASpec:
     rope_interleave: bool = False  # rotate pairs (2i, 2i+1), as vLLM's MLA (is_neox_style=False) does
 
 
-class MLAttention(nn.Module):
+class MLAProjection(nn.Module):
+    """MLA's projections, norms and RoPE (HF DeepSeek-V3 names); `MLAttention` adds self-attention as `forward`,
+    drafter layers attend over their own context instead."""
+
     def __init__(self, spec: MLASpec) -> None:
         super().__init__()
         self.spec = spec
@@ -98,6 +101,10 @@ class MLAttention(nn.Module):
             return x
         *lead, d = x.shape
         return x.view(*lead, d // 2, 2).transpose(-1, -2).reshape(*lead, d)
+
+
+class MLAttention(MLAProjection):
+    """Multi-head latent attention over the sequence itself."""
 
     def forward(self, x_BSD: torch.Tensor, positions_S: torch.Tensor, mask_B1QK: torch.Tensor) -> torch.Tensor:
         """`[B, S, D]`; `mask_B1QK` is a boolean mask (`drafters.masks.dense`), True where attention is allowed."""

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from draftsmith.drafters.verify import Sampling, greedy_verify, verify, warp
+from draftsmith.drafters.verify import Rule, Sampling, greedy_verify, verify, warp
 from draftsmith.engines.hf import TapRecorder
 
 
@@ -91,7 +91,9 @@ def is_greedy(sampling: Sampling) -> bool:
     return sampling.temperature == 0
 
 
-def draw(logits_V: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
+def draw(
+    logits_V: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> tuple[int, torch.Tensor | None]:
     """The argmax (greedy) or a sample of `warp(logits)`, with that distribution `[V]` (None when greedy)."""
     if is_greedy(sampling):
         return int(logits_V.argmax()), None
@@ -113,7 +115,7 @@ def speculative_decode(
     max_new: int,
     eos: set[int],
     sampling: Sampling = GREEDY,
-    rule: str = "token",
+    rule: Rule = "token",
     generator: torch.Generator | None = None,
     truncate: Truncate | None = None,
 ) -> Decoded:

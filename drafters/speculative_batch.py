@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from draftsmith.drafters.speculative import GREEDY, Decoded, Draft, Proposer, Truncate, _stop, draw, is_greedy
-from draftsmith.drafters.verify import Sampling, greedy_verify, verify, warp
+from draftsmith.drafters.verify import Rule, Sampling, greedy_verify, verify, warp
 from draftsmith.engines.hf import TapRecorder
 
 
@@ -57,6 +57,7 @@ class BatchTarget:
     def keep(self, kept: Sequence[int]) -> None:
         """Row b keeps the first `kept[b]` slots of the last forward; the rest become holes."""
         n = torch.tensor(list(kept), dtype=torch.long)
+        assert self.mask is not None, "keep follows a forward"
         self.mask[:, -self.width :] = (torch.arange(self.width)[None] < n[:, None]).long()
         self.next_pos = n if self.next_pos is None else self.next_pos + n
 
@@ -87,7 +88,7 @@ def _prefill(bt: BatchTarget, prompts: Sequence[torch.Tensor], sampling: Samplin
     return feats, lengths, [[draw(logits[b, n - 1], sampling, gens[b])[0]] for b, n in enumerate(lengths)]
 
 
-def _verify(draft: Draft, logits_QV: torch.Tensor, sampling: Sampling, rule: str, gen: torch.Generator):
+def _verify(draft: Draft, logits_QV: torch.Tensor, sampling: Sampling, rule: Rule, gen: torch.Generator):
     """`(accepted, emitted)` for one row: the same rules as `speculative_decode`."""
     if is_greedy(sampling):
         return greedy_verify(draft.tokens, logits_QV.argmax(-1))
@@ -105,7 +106,7 @@ def speculative_decode_batch(
     max_new: int,
     eos: set[int],
     sampling: Sampling = GREEDY,
-    rule: str = "token",
+    rule: Rule = "token",
     generators: Sequence[torch.Generator],
     truncate: Truncate | None = None,
 ) -> list[Decoded]:
@@ -126,6 +127,7 @@ def speculative_decode_batch(
             _row([generated[b][-1], *drafts[b].tokens.tolist()] if b in drafts else []) for b in range(len(prompts))
         ]
         logits, feats = bt.forward(*_pad(rows))
+        assert feats is not None, "drafters read the taps"
         kept = [0] * len(prompts)
         for b in active:
             n_acc, emitted = _verify(drafts[b], logits[b, : rows[b].numel()], sampling, rule, gens[b])

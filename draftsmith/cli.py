@@ -112,8 +112,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(_stage_table(manifests, started))
     print(f"total wall time {time.perf_counter() - t0:.1f} s; artifacts under {run_dir}")
     print()
-    print(format_table(read_results(manifests["evaluate"])))
-    print(f"drafter checkpoint: {manifests['train'].uri}")
+    evaluated, trained = manifests["evaluate"], manifests["train"]
+    assert evaluated is not None and trained is not None, "a finished run has every stage's manifest"
+    print(format_table(read_results(evaluated)))
+    print(f"drafter checkpoint: {trained.uri}")
     return 0
 
 

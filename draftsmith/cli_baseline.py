@@ -9,6 +9,7 @@ import argparse
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,7 +18,7 @@ from draftsmith.core.config.drafter import drafter_kinds
 
 
 def _config(args: argparse.Namespace) -> NightlyConfig:
-    data = {}
+    data: dict[str, Any] = {}
     if args.config:
         data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
         if not isinstance(data, dict):

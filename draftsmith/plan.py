@@ -56,7 +56,7 @@ def _finished_tokenize(run_dir: str) -> StageManifest | None:
     try:
         manifest = load_manifest(storage.join(run_dir, "tokenize"))
         return manifest if manifest is not None and manifest.artifacts_present() else None
-    except Exception as e:  # noqa: BLE001 - any storage failure means "not known here"
+    except Exception as e:  # any storage failure means "not known here"
         log.info("plan: cannot read %s/tokenize (%s); estimating", run_dir, type(e).__name__)
         return None
 
@@ -72,7 +72,7 @@ def store_size(cfg: PipelineConfig, run_dir: str) -> StoreSize:
     codec = StoreCodec(dtype=hs.store_dtype, positions=hs.positions, num_taps=len(hs.taps))
     manifest = _finished_tokenize(run_dir)
     exact = manifest is not None
-    if exact:
+    if manifest is not None:
         tokens, samples, loss = manifest.counts["tokens"], manifest.counts["samples"], manifest.counts["loss_tokens"]
     else:
         samples = cfg.select.num_prompts - cfg.select.num_eval

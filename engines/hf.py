@@ -10,11 +10,18 @@ import functools
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    GenerationMixin,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from draftsmith.core.config import TargetConfig
 from draftsmith.core.target_setup import resolve_target
@@ -51,8 +58,9 @@ def load_target(cfg: TargetConfig) -> tuple[PreTrainedModel, PreTrainedTokenizer
     return model, tok
 
 
-def decoder_parts(model: PreTrainedModel) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
-    """The base decoder, its layer list and its final norm (Llama-style models)."""
+def decoder_parts(model: PreTrainedModel) -> tuple[Any, nn.ModuleList, nn.Module]:
+    """The base decoder, its layer list and its final norm (Llama-style models; the decoder is typed by the
+    attributes callers use: `embed_tokens`, `rotary_emb`)."""
     base = model.get_decoder()
     return base, base.layers, base.norm
 
@@ -63,6 +71,12 @@ def end_of_turn_ids(tok: PreTrainedTokenizerBase, model: PreTrainedModel) -> lis
     if tok.eos_token_id is not None and tok.eos_token_id not in ids:
         ids.append(tok.eos_token_id)
     return ids
+
+
+def _text(rendered: object) -> str:
+    """A rendering or decoding that is text (`tokenize=False`, one sequence): transformers types it as a union."""
+    assert isinstance(rendered, str), type(rendered)
+    return rendered
 
 
 def generate_texts(
@@ -83,7 +97,7 @@ def generate_texts(
     eos = end_of_turn_ids(tok, model)
     sampling = {"temperature": temperature, "top_p": top_p} if temperature > 0 else {}
     draws = n if temperature > 0 else 1
-    out_BS = model.generate(
+    out_BS = cast(GenerationMixin, model).generate(  # a causal LM: PreTrainedModel's type lacks the mixin
         **enc,
         max_new_tokens=max_new_tokens,
         pad_token_id=tok.pad_token_id,
@@ -96,7 +110,7 @@ def generate_texts(
     for row in out_BS[:, enc["input_ids"].shape[1] :].tolist():
         stop = next((i for i, t in enumerate(row) if t in eos), None)
         body = row if stop is None else row[:stop]
-        text = tok.decode(body, skip_special_tokens=True).strip()
+        text = _text(tok.decode(body, skip_special_tokens=True)).strip()
         # Counted like vLLM and OpenAI usage: the end-of-turn token is a generated token too.
         generated = len(row) if stop is None else stop + 1
         flat.append(Completion(text=text, num_tokens=generated, finish_reason="length" if stop is None else "stop"))
@@ -115,7 +129,7 @@ def chat_generate(
     top_p: float,
 ) -> list[Completion]:
     """Answer each conversation's last user turn with one batched `generate` call (left padding)."""
-    texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+    texts = [_text(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False)) for c in conversations]
     outs = generate_texts(model, tok, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     return [o[0] for o in outs]
 
@@ -181,8 +195,14 @@ class HFEngine:
         for start in range(0, len(requests), self.batch_size):
             batch = requests[start : start + self.batch_size]
             texts = [
-                self.tok.apply_chat_template(
-                    r.messages, tools=r.tools, add_generation_prompt=True, tokenize=False, **kwargs
+                _text(
+                    self.tok.apply_chat_template(
+                        r.messages,
+                        tools=r.tools,  # type: ignore[arg-type]  # transformers: an invariant list of dict | Callable
+                        add_generation_prompt=True,
+                        tokenize=False,
+                        **kwargs,
+                    )
                 )
                 for r in batch
             ]

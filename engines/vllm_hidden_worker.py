@@ -18,6 +18,7 @@ Protocol (one JSON object per line). Started as `python vllm_hidden_worker.py CO
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
 import sys
@@ -83,7 +84,9 @@ def capture(llm: Any, token_ids: list[list[int]]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    import vllm_worker  # the sibling script: shared env defaults and stdout handling
+    # The sibling script (shared env defaults and stdout handling), on the path as this one's folder: run as a
+    # script in vLLM's venv, neither is importable as a draftsmith module there.
+    vllm_worker = importlib.import_module("vllm_worker")
 
     if len(argv) != 2:
         sys.stderr.write("usage: vllm_hidden_worker.py CONFIG_JSON\n")

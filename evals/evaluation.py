@@ -13,6 +13,7 @@ import torch
 
 from draftsmith.core.progress import Progress
 from draftsmith.drafters import confidence as cal
+from draftsmith.drafters.speculative import Draft
 from draftsmith.drafters.verify import Sampling
 from draftsmith.evals import harness, suites
 from draftsmith.evals.records import BenchPrompt
@@ -69,7 +70,12 @@ def evaluate_drafter(
         _records(calib_rows), threshold=threshold, sampling={"temperature": s.temperature, "top_p": s.top_p}
     )
     report["confidence"] = _confidence_report(records, fitted, threshold)
-    dynamic = decoder.with_truncate(lambda d: fitted.truncate(d.confidence))
+
+    def truncate(d: Draft) -> int:
+        assert d.confidence is not None, "drafters with a confidence head report it with every draft"
+        return fitted.truncate(d.confidence)
+
+    dynamic = decoder.with_truncate(truncate)
     progress.note("dynamic verification")
     dyn, _ = harness.run_benches(target, tok, dynamic, benches, settings, eos, f"{kind}+dynamic", progress.advance)
     report["dynamic"] = dyn

@@ -15,6 +15,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -102,7 +103,7 @@ def _run_group(target, tok, decoder: Decoder, group: list[BenchPrompt], s: EvalS
         ids = [turn_ids(tok, p, answers[p.id], turn) for p in members]
         g_base = [_seed(s.seed, p.id, turn, "base") for p in members]
         g_spec = [_seed(s.seed, p.id, turn, "spec") for p in members]
-        how = {"max_new": s.max_new_tokens, "eos": eos, "sampling": s.sampling}
+        how: dict[str, Any] = {"max_new": s.max_new_tokens, "eos": eos, "sampling": s.sampling}
         if len(members) == 1:
             base = [plain_decode(target, ids[0], generator=g_base[0], **how)]
             spec = [decoder.one(ids[0], rule=s.rule, generator=g_spec[0], **how)]

@@ -301,7 +301,7 @@ def _idle_load() -> dict:
 def _drive(cmd: list[str], out: Path, names: list[str], timeout_s: float) -> dict[str, Load]:
     """Run the bench driver with a progress bar; the machine's load over each run, by run name."""
     started = time.time()
-    meter, loads = LoadMeter(), {}
+    meter, loads = LoadMeter(), dict[str, Load]()
     meter.start()
 
     def written() -> int:

@@ -21,7 +21,7 @@ run other code) is refused by name.
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from draftsmith.core import storage
 from draftsmith.core.config import PipelineConfig
@@ -142,6 +142,7 @@ def run_stage(
 def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str, str], key: str) -> StageManifest:
     """Run `stage` as a flow run of `stage/<pool>` unless `run_dir` holds its current result for `key`, wait
     for it, and read its manifest back from `run_dir`."""
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
@@ -171,6 +172,7 @@ def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str,
             f"stage {stage}: {field} is {res.work_pool!r}, which is not this flow run's pool, and the server has no "
             f"work pool or deployment {deployment!r} to run it there; `draftsmith deploy` creates both"
         ) from exc
+    child = cast(FlowRun, child)  # called from a sync flow, run_deployment returns the run, not a coroutine
     state = child.state
     if state is None or not state.is_completed():
         name = state.name if state else "without a state"

@@ -37,7 +37,7 @@ def nightly_regression(config: NightlyConfig | None = None) -> list[regression.C
         if state.is_completed():
             checks += regression.judge_task(recipe, run_dir, cfg.baseline_dir, cfg.bands)
         else:
-            checks.append(regression.pipeline_failed(drafter, state.message or state.name))
+            checks.append(regression.pipeline_failed(drafter, state.message or state.name or str(state.type)))
     summary = regression.summary_markdown(checks, folder, notes)
     create_markdown_artifact(summary, key=regression.ARTIFACT_KEY, description="Nightly regression verdict")
     log = get_run_logger()

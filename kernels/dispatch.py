@@ -18,7 +18,7 @@ import importlib.util
 import logging
 import os
 from collections.abc import Iterator
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
@@ -44,7 +44,7 @@ def set_mode(mode: str) -> None:
     global _mode
     if mode not in MODES:
         raise ValueError(f"kernels mode: {mode!r} is not one of {MODES}")
-    _mode = mode  # type: ignore[assignment]
+    _mode = cast(Mode, mode)  # one of MODES, checked above
 
 
 def get_mode() -> Mode:

@@ -23,7 +23,7 @@ from draftsmith.engines.taps import TAP_CONVENTION
 from draftsmith.transport import offline_store
 from draftsmith.transport.offline_store import ShardWriter, StoreInfo
 from draftsmith.transport.online_source import codec_of
-from draftsmith.transport.sample import HiddenSample, StoreCodec
+from draftsmith.transport.sample import Dtype, HiddenSample, StoreCodec
 from draftsmith.transport.token_shards import token_samples
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,9 @@ def capture_hidden_states(
     return run_stage(STAGE, out_uri, key, compute)
 
 
-def bytes_per_token(num_taps: int, hidden_size: int, store_dtype: str, supervised_share: float = 1.0) -> float:
+def bytes_per_token(num_taps: int, hidden_size: int, store_dtype: Dtype, supervised_share: float = 1.0) -> float:
     """Stored bytes per token: taps, the last hidden state (on `supervised_share` of rows), int32 id, uint8 mask."""
-    codec = StoreCodec(dtype=store_dtype, num_taps=num_taps)  # type: ignore[arg-type]
+    codec = StoreCodec(dtype=store_dtype, num_taps=num_taps)
     return codec.tap_bytes_per_token(hidden_size) + supervised_share * codec.last_bytes_per_row(hidden_size) + 5
 
 

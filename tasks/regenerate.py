@@ -143,7 +143,8 @@ def _chunk_url(uri: str, index: int) -> str:
 def _committed(uri: str) -> tuple[list[_Chunk], list[_Chunk]]:
     """Chunks whose commit record exists, in index order (a shard without one is redone): those whose shard
     still matches the record, and those whose shard does not (to redo under their own index)."""
-    intact, damaged = [], []
+    intact: list[_Chunk] = []
+    damaged: list[_Chunk] = []
     for name in storage.list_names(uri):
         match = _SHARD.fullmatch(name)
         if match and storage.exists(_chunk_url(uri, int(match[1]))):

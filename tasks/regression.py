@@ -199,7 +199,7 @@ def make_baseline(cfg: PipelineConfig, fig: Figures, run_dir: str, bands: Bands)
         drafter=cfg.drafter.kind,
         recipe_sha256=recipe_sha256(cfg),
         steps=fig.steps,
-        loss_curve=[round(v, 6) for v in fig.loss_curve],
+        loss_curve=[round(v, 6) for v in fig.loss_curve if v is not None],  # none is (checked above)
         final_loss=round(fig.final_loss, 6),
         acc_len=fig.acc_len,
         recorded_from=run_dir,

@@ -17,6 +17,7 @@ back to the reference.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,7 +59,7 @@ class ChatTemplateRenderer:
             raise ValueError("tokenize.renderer: the target tokenizer has no single chat template; pick a renderer")
         self.tok = tok
         # Qwen3-style templates read `enable_thinking`; templates that ignore it are unaffected.
-        self.kwargs = {"enable_thinking": thinking}
+        self.kwargs: dict[str, Any] = {"enable_thinking": thinking}
 
     def render_many(self, convs: Sequence[Conversation], *, add_generation_prompt: bool) -> list[str]:
         out: list[str] = [""] * len(convs)
@@ -69,7 +70,7 @@ class ChatTemplateRenderer:
             tools = convs[idx[0]][1]
             texts = self.tok.apply_chat_template(
                 [convs[i][0] for i in idx],
-                tools=tools,
+                tools=tools,  # type: ignore[arg-type]  # transformers types tools as an invariant list of dict | Callable
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
                 **self.kwargs,
@@ -412,7 +413,7 @@ def _learn(renderer: Renderer) -> SpanProbe | None:
         msg = {"role": role, "content": _OTHER} | ({"tool_call_id": "call_0"} if role == "tool" else {})
         try:
             text = render([user, assistant, msg], False)
-        except Exception:  # noqa: BLE001 - a template may refuse a role; conversations with it take the reference
+        except Exception:  # a template may refuse a role; conversations with it take the reference
             continue
         if text.startswith(through):
             counts[role] = text[len(through) :].count(end)
@@ -432,7 +433,7 @@ def _probe_conversations() -> list[Conversation]:
                 {"role": "assistant", "content": f"\nYes, {t} < {t + 1}; see <b>.\n\n", "reasoning_content": "Easy."},
             ]
         out += [(msgs, None), ([system, *msgs], None)]
-    tool_turn = [
+    tool_turn: list[dict] = [
         {"role": "user", "content": "Add 2."},
         {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": "Call add."},
         {"role": "tool", "tool_call_id": "call_1", "content": "4"},
@@ -442,26 +443,31 @@ def _probe_conversations() -> list[Conversation]:
     return out
 
 
+# Each renderer's probe result, learned once per renderer object.
+_PROBES: weakref.WeakKeyDictionary[Renderer, SpanProbe | None] = weakref.WeakKeyDictionary()
+
+
 def probe_spans(renderer: Renderer) -> SpanProbe | None:
     """The renderer's `SpanProbe` when fast spans equal the reference on every probe conversation, else None.
 
     Cached on the renderer; the reference's own failures (a template that is not prefix-stable, or that
     refuses a shape) disable the fast path, so every row meets the reference's behaviour.
     """
-    if hasattr(renderer, "_span_probe"):
-        return renderer._span_probe  # type: ignore[attr-defined]
+    if renderer in _PROBES:
+        return _PROBES[renderer]
     probe = None
     try:
         probe = _learn(renderer)
         for conv in _probe_conversations() if probe is not None else []:
+            assert probe is not None
             fast = _fast_spans(probe, renderer, [conv])[0]
             [reference] = spans_many(renderer, [conv], last_turn_only=False)
             if fast != reference:
                 probe = None
                 break
-    except Exception:  # noqa: BLE001 - any failure means the reference handles every row
+    except Exception:  # any failure means the reference handles every row
         probe = None
-    renderer._span_probe = probe  # type: ignore[attr-defined]
+    _PROBES[renderer] = probe
     return probe
 
 

@@ -186,7 +186,9 @@ def _writer(sources: list[PromptSource], target: TargetConfig, uri: str, default
 
 def _fingerprints(cfg: SelectConfig) -> list[str]:
     """Content identity of every input file, with the recipe field named when one is missing."""
-    named = [(f"select.sources[{i}].path", s) for i, s in enumerate(cfg.resolved_sources())]
+    named: list[tuple[str, PromptSource | str]] = [
+        (f"select.sources[{i}].path", s) for i, s in enumerate(cfg.resolved_sources())
+    ]
     named += [(f"select.benchmark_files[{i}]", p) for i, p in enumerate(cfg.benchmark_files)]
     out = []
     for field, item in named:

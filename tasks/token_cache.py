@@ -79,4 +79,5 @@ class TokenCache:
         storage.write_json(meta_url, {**summary, "bytes": len(data), "sha256": storage.sha256(data)})
 
     def _urls(self, key: str) -> tuple[str, str]:
+        assert self.uri is not None, "callers return early without a cache folder"
         return storage.join(self.uri, f"{key}.json"), storage.join(self.uri, f"{key}.safetensors")

@@ -101,7 +101,7 @@ def _render_isolating(renderer: Renderer, convs: list, last_turn_only: bool, fas
     if fast and not isinstance(renderer, _TokenizerAdapter):
         try:
             quick = spans_fast(renderer, convs, last_turn_only=last_turn_only)
-        except Exception:  # noqa: BLE001 - a render error is isolated to its rows by the reference below
+        except Exception:  # a render error is isolated to its rows by the reference below
             quick = None
     if quick is None:
         quick = [None] * len(convs)
@@ -115,13 +115,13 @@ def _render_isolating(renderer: Renderer, convs: list, last_turn_only: bool, fas
 def _reference_isolating(renderer: Renderer, convs: list, last_turn_only: bool) -> list:
     try:
         return spans_many(renderer, convs, last_turn_only=last_turn_only)
-    except Exception:  # noqa: BLE001 - any template error is a per-row reject, found below
+    except Exception:  # any template error is a per-row reject, found below
         pass
     out: list = []
     for conv in convs:
         try:
             out.extend(spans_many(renderer, [conv], last_turn_only=last_turn_only))
-        except Exception as e:  # noqa: BLE001 - jinja raises anything; the row is rejected with the message
+        except Exception as e:  # jinja raises anything; the row is rejected with the message
             out.append(Rejected("render_failed", f"{type(e).__name__}: {e}"[:500]))
     return out
 
@@ -181,12 +181,12 @@ def _fit(
         messages = messages[: users[0]] + messages[users[1] :]
         try:
             [(text, spans)] = spans_many(renderer, [(messages, row.tools)], last_turn_only=opts.last_turn_only)
-        except Exception as e:  # noqa: BLE001 - a template may refuse the shortened conversation: this row only
+        except Exception as e:  # a template may refuse the shortened conversation: this row only
             return Rejected("render_failed", f"keeping the last turns: {type(e).__name__}: {e}"[:500])
         b = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         if len(b["input_ids"]) <= opts.max_length:
-            e = _mask(b["input_ids"], b["offset_mapping"], spans)
-            return Encoded(e.input_ids, e.loss_mask, True)
+            enc = _mask(b["input_ids"], b["offset_mapping"], spans)
+            return Encoded(enc.input_ids, enc.loss_mask, True)
 
 
 def _fit_pretokenized(row: PretokenizedRow, opts: Options) -> Encoded | str:
@@ -329,7 +329,7 @@ def _init_worker(
     _WORKER.clear()
     try:
         tok, renderer = _load_for_worker(tok_path, renderer_name, opts.thinking, opts.trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - re-raised by `_worker()` in the parent's first call
+    except Exception as e:  # re-raised by `_worker()` in the parent's first call
         _WORKER["error"] = e
         return
     probe_spans(renderer)  # learnt once per worker, before the first job
@@ -356,13 +356,15 @@ def _process_lines(label: str, lines: list[tuple[int, bytes]]) -> list[tuple]:
         token_rows.parse_line(raw, fallback_id=f"{label}:{n}", thinking=opts.thinking, vocab_size=opts.vocab_size)
         for n, raw in lines
     ]
-    convs = [i for i, r in enumerate(rows) if isinstance(r, ConversationRow)]
-    fitted: dict[int, Any] = dict(
-        zip(convs, encode_conversations(tok, renderer, [rows[i] for i in convs], opts), strict=True)
-    )
-    out = []
+    convs = [(i, r) for i, r in enumerate(rows) if isinstance(r, ConversationRow)]
+    encoded = encode_conversations(tok, renderer, [r for _, r in convs], opts)
+    fitted: dict[int, Any] = dict(zip([i for i, _ in convs], encoded, strict=True))
+    out: list[tuple] = []
     for i, ((n, raw), row) in enumerate(zip(lines, rows, strict=True)):
-        res = fitted[i] if i in fitted else row if isinstance(row, Rejected) else _fit_pretokenized(row, opts)
+        if i in fitted:
+            res = fitted[i]
+        else:
+            res = row if isinstance(row, Rejected | ConversationRow) else _fit_pretokenized(row, opts)
         if isinstance(res, Rejected):
             excerpt = raw.decode("utf-8", "replace")
             out.append(("reject", n, res.row_id or getattr(row, "id", None), res.reason, res.detail, excerpt))
@@ -371,6 +373,7 @@ def _process_lines(label: str, lines: list[tuple[int, bytes]]) -> list[tuple]:
         elif int(res.loss_mask.sum()) < opts.min_loss_tokens:
             out.append(("drop", "min_loss_tokens"))
         else:
+            assert not isinstance(row, Rejected)
             out.append(("ok", row.id, row.category, res.input_ids.tobytes(), res.loss_mask.tobytes(), res.truncated))
     return out
 

@@ -76,7 +76,7 @@ class StepProgress(logging.LoggerAdapter):
         except (TypeError, ValueError):  # logging reports its own formatting errors; reading must not raise
             line = str(msg)
         self.observe(line)
-        self.logger.log(level, msg, *args, **kwargs)  # type: ignore[arg-type]
+        self.logger.log(level, msg, *args, **kwargs)
 
     def observe(self, line: str) -> None:
         if start := _START_LINE.search(line):
@@ -115,13 +115,13 @@ def watching_metrics(path: Path | None, tracker: StepProgress, every_s: float = 
     """While inside, read the step of `path`'s last record every `every_s` into `tracker` (no-op for None)."""
     stop = threading.Event()
 
-    def watch() -> None:
+    def watch(metrics: Path) -> None:
         while not stop.wait(every_s):
             # Before the start line, the file may still hold records of a run this one resumes and truncates.
-            if tracker.progress.total is not None and (step := last_step(path)) is not None:  # type: ignore[arg-type]
+            if tracker.progress.total is not None and (step := last_step(metrics)) is not None:
                 tracker.at_step(step)
 
-    thread = threading.Thread(target=watch, name="train-progress", daemon=True) if path is not None else None
+    thread = None if path is None else threading.Thread(target=watch, args=(path,), name="train-progress", daemon=True)
     if thread is not None:
         thread.start()
     try:

@@ -1,11 +1,13 @@
 """Shared fixtures: the tiny recipe, its target, and one tiny run of the stage functions."""
 
 import atexit
+import fcntl
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # `python -m pytest` puts the checkout first on sys.path, where its top-level folders (kernels/, core/, ...),
 # draftsmith's subpackages, would shadow installed packages of the same name: transformers imports `kernels`.
@@ -31,8 +33,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ROOT / "deployments" / "recipes"
+from tests.support.paths import RECIPES  # noqa: E402 - importable once the checkout is on the path
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +52,19 @@ def tiny_target(tiny_cfg):
 
 @pytest.fixture(scope="session")
 def tiny_run(tiny_cfg, tmp_path_factory):
-    """Every stage function run once, in order, on the tiny recipe: `{stage: manifest}`."""
+    """Every stage function run once, in order, on the tiny recipe: `{stage: manifest}`.
+
+    One run folder for the whole session, shared by `make test`'s two workers: the first to get here runs the
+    stages under a file lock, the other then calls the same functions on the finished folder, where every stage
+    is reused from its manifest (what a resumed run does). Tests write only into subfolders of their own."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: one basetemp per worker
+    with open(shared / "tiny-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _tiny_run(tiny_cfg, str(shared / "tiny-run"))
+
+
+def _tiny_run(tiny_cfg, run: str) -> dict[str, Any]:
     from draftsmith.tasks.evaluate import evaluate
     from draftsmith.tasks.hidden_states import capture_hidden_states
     from draftsmith.tasks.regenerate import regenerate
@@ -59,9 +72,10 @@ def tiny_run(tiny_cfg, tmp_path_factory):
     from draftsmith.tasks.tokenization import tokenize
     from draftsmith.tasks.train import train
 
-    run = str(tmp_path_factory.mktemp("tiny-run"))
     c = tiny_cfg
-    out = {"select_prompts": select_prompts(c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts")}
+    out: dict[str, Any] = {
+        "select_prompts": select_prompts(c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts")
+    }
     out["regenerate"] = regenerate(
         c.regenerate, c.target, out["select_prompts"], seed=c.seed, out_uri=f"{run}/regenerate"
     )

@@ -36,6 +36,11 @@ class Event:
     body: dict | str  # the message, or why the connection closed
     t: float = field(default_factory=time.monotonic)  # when it was read off the socket
 
+    @property
+    def message(self) -> dict:
+        """The body of a "message" event; `{}` for a "closed" one."""
+        return self.body if isinstance(self.body, dict) else {}
+
 
 class MetaQueueServer:
     """Listens on `host:port` (port 0: any free one); `get(timeout)` returns the next `Event` or None."""

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 import torch
 
@@ -169,7 +170,8 @@ class MooncakeProducer:
     def put_wire(self, sid: str, wire: dict[str, torch.Tensor]) -> None:
         """`put` for tensors already encoded with this producer's codec (e.g. read from the offline store)."""
         self._check_consumer()
-        meta, offset = {}, 0
+        meta: dict[str, dict[str, Any]] = {}
+        offset = 0
         for name, t in wire.items():
             nbytes = t.numel() * t.element_size()
             key = wire_key(self.run_id, self.producer_id, self.seq, sid, name) if nbytes else None
@@ -279,7 +281,8 @@ class MooncakeStream:
         self.codec, self.num_producers = codec or StoreCodec(), num_producers
         self.peer_timeout_s, self.connect_timeout_s = peer_timeout_s, connect_timeout_s
         self.master_addr, self.master_timeout_s = settings.master_addr, master_timeout_s
-        self._probed, self._master_down, self._lost = 0.0, None, False  # last probe; (since, why) while down
+        self._probed, self._lost = 0.0, False
+        self._master_down: tuple[float, str] | None = None  # (since, why) while the master is down
         self._reading: tuple[str, int] | None = None  # the record being fetched: (producer, seq)
         self._owns_store = store is None
         # When this client lends the memory, unconsumed objects live in its segment and go with it.
@@ -329,13 +332,14 @@ class MooncakeStream:
 
     def _master_lost(self, why: str, first_sign: str | None = None) -> MasterLost:
         """The error for a dead master: its address, and which announced samples were lost with it."""
-        self._lost, unread = True, {}
+        self._lost = True
+        unread: dict[str, list[int]] = {}
         if self._reading is not None:
             unread.setdefault(self._reading[0], []).append(self._reading[1])
         while (ev := self._server.get_nowait()) is not None:
-            if ev.kind == "message" and ev.body.get("type") == "sample" and isinstance(ev.body.get("seq"), int):
+            if ev.kind == "message" and ev.message.get("type") == "sample" and isinstance(ev.message.get("seq"), int):
                 name = self._peers[ev.conn].name if ev.conn in self._peers else f"a producer at {ev.peer}"
-                unread.setdefault(name, []).append(ev.body["seq"])
+                unread.setdefault(name, []).append(ev.message["seq"])
         # A producer's unread records are consecutive: it announces in order and the queue keeps it.
         which = "; ".join(f"{n} seq {min(q)}" + (f"-{max(q)}" if len(q) > 1 else "") for n, q in sorted(unread.items()))
         count = sum(len(seqs) for seqs in unread.values())
@@ -368,33 +372,36 @@ class MooncakeStream:
                 last = peer.last_seq if peer else None
                 raise StreamError(f"{who} disconnected without end-of-stream ({ev.body}); last seq {last}")
             return None
-        kind = ev.body.get("type")
+        kind = ev.message.get("type")
         if peer is None:
-            return self._hello(ev) if kind == "hello" else self._bad(ev, "first message is not hello")
+            if kind != "hello":
+                self._bad(ev, "first message is not hello")
+            self._hello(ev)
+            return None
         peer.last_seen = ev.t
         if kind == "heartbeat":
             return None
         if kind == "sample":
-            return self._sample(peer, ev.body)
+            return self._sample(peer, ev.message)
         if kind == "end":
-            if ev.body.get("count") != len(peer.seqs):
+            if ev.message.get("count") != len(peer.seqs):
                 raise StreamError(
-                    f"producer {peer.name} ended with count {ev.body.get('count')} but {len(peer.seqs)} records "
+                    f"producer {peer.name} ended with count {ev.message.get('count')} but {len(peer.seqs)} records "
                     f"arrived; last seq {peer.last_seq}"
                 )
             peer.ended = True
-            self.producer_stats[peer.name] = dict(ev.body)
+            self.producer_stats[peer.name] = dict(ev.message)
             return None
-        return self._bad(ev, f"unknown message type {kind!r}")
+        self._bad(ev, f"unknown message type {kind!r}")
 
-    def _bad(self, ev: Event, why: str) -> None:
+    def _bad(self, ev: Event, why: str) -> NoReturn:
         raise StreamError(f"bad message from {ev.peer}: {why}: {json.dumps(ev.body)[:200]}")
 
     def _hello(self, ev: Event) -> None:
-        name = ev.body.get("producer")
+        name = ev.message.get("producer")
         if not isinstance(name, str) or name in self._names:
             self._bad(ev, f"producer name {name!r} is missing or already connected")
-        codec = ev.body.get("codec")
+        codec = ev.message.get("codec")
         if codec != dataclasses.asdict(self.codec):
             self._bad(ev, f"producer {name} codec {codec} differs from the consumer's {dataclasses.asdict(self.codec)}")
         if len(self._names) >= self.num_producers:
@@ -452,8 +459,8 @@ class MooncakeStream:
         self._server.close()
         leftovers = []
         while (ev := self._server.get_nowait()) is not None:
-            if ev.kind == "message" and ev.body.get("type") == "sample":
-                leftovers += [m["key"] for m in ev.body.get("keys", {}).values() if m.get("key")]
+            if ev.kind == "message" and ev.message.get("type") == "sample":
+                leftovers += [m["key"] for m in ev.message.get("keys", {}).values() if m.get("key")]
         if leftovers and not self._lends_memory and not self._lost:
             self.store.batch_remove(leftovers, True)
         self._staging.close()

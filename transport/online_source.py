@@ -49,9 +49,13 @@ class ProducerSpec:
 def producer_settings(cfg: HiddenStatesConfig, master: MooncakeMaster | None) -> MooncakeSettings:
     """A producer's client settings: it lends no memory, so data it announced outlives it."""
     o = cfg.online
+    master_addr = master.master_addr if master else o.master_addr
+    metadata_url = master.metadata_url if master else o.metadata_url
+    if master_addr is None or metadata_url is None:
+        raise ValueError("hidden_states.online.master_addr and metadata_url: required when no master is started")
     return MooncakeSettings(
-        master_addr=master.master_addr if master else o.master_addr,
-        metadata_url=master.metadata_url if master else o.metadata_url,
+        master_addr=master_addr,
+        metadata_url=metadata_url,
         local_hostname=o.local_hostname,
         global_segment_bytes=0,
         protocol=o.protocol,

@@ -13,7 +13,7 @@ Cross-section checks (taps, vocabulary, widths) live in `draftsmith.core.config.
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -343,8 +343,8 @@ def drafter_kinds() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def drafter_union() -> type:
-    """The union of every registered config class, told apart by `kind`."""
+def drafter_union() -> Any:
+    """The union of every registered config class, told apart by `kind` (a typing form, not a class)."""
     return Union[tuple(_REGISTRY.values())]  # noqa: UP007 - built from a runtime tuple
 
 

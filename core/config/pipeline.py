@@ -1,11 +1,12 @@
 """The root `PipelineConfig`: one section per stage plus target, drafter and storage."""
 
 import re
+from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
 from draftsmith.core.config.base import StrictModel
-from draftsmith.core.config.drafter import drafter_union, on_register
+from draftsmith.core.config.drafter import DrafterConfigBase, drafter_union, on_register
 from draftsmith.core.config.hidden_states import HiddenStatesConfig
 from draftsmith.core.config.regenerate import RegenerateConfig
 from draftsmith.core.config.select import SelectConfig
@@ -20,6 +21,13 @@ from draftsmith.core.config.train import TrainConfig
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
+# At run time the union of every registered drafter config (rebuilt when a plugin registers one); checkers see
+# the base class every member extends.
+if TYPE_CHECKING:
+    Drafter = DrafterConfigBase
+else:
+    Drafter = drafter_union()
+
 
 class PipelineConfig(StrictModel):
     """A whole recipe. Flows take this model as their parameter, so the Prefect UI shows a typed form."""
@@ -32,7 +40,7 @@ class PipelineConfig(StrictModel):
     regenerate: RegenerateConfig = Field(default_factory=RegenerateConfig, description="Regeneration.")
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Tokenization.")
     hidden_states: HiddenStatesConfig = Field(description="Hidden-state capture.")
-    drafter: drafter_union() = Field(discriminator="kind", description="The drafter architecture.")  # type: ignore[valid-type]
+    drafter: Drafter = Field(discriminator="kind", description="The drafter architecture.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Drafter training.")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="Evaluation.")
     speedup: SpeedupConfig = Field(

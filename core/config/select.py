@@ -9,8 +9,8 @@ from pydantic import Field, model_validator
 from draftsmith.core.config.base import StrictModel
 from draftsmith.core.config.stages import Resources
 
-# The synthetic pool's categories (tasks/prompt_pool.CATEGORIES); repeated here because config must not
-# import stage code. tests/unit/test_prompt_filters.py checks the two stay equal.
+# The synthetic pool's categories: defined here, with the recipe models that check `select.mix` against them,
+# and imported by the pool (tasks/prompt_pool.py); tests/unit/test_prompt_filters.py checks the pool draws them.
 SYNTHETIC_CATEGORIES: tuple[str, ...] = (
     "math",
     "coding",

@@ -11,6 +11,7 @@ Shape legend: S prompt length, Q block slots, H drafter width, F = num_taps * Ht
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -18,9 +19,9 @@ from transformers import PreTrainedModel
 from draftsmith.drafters.dflash.model import DFlashDrafter
 from draftsmith.drafters.dflash.selector import walk
 from draftsmith.drafters.speculative import GREEDY, Decoded, Draft, is_greedy, speculative_decode
-from draftsmith.drafters.verify import Sampling, warp
+from draftsmith.drafters.verify import Rule, Sampling, warp
 
-Propose = Callable[[DFlashDrafter, torch.Tensor, torch.Tensor], torch.Tensor]
+Propose = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]  # the drafter is the proposer's own, as in Pick
 
 
 def default_propose(drafter: DFlashDrafter, h_QH: torch.Tensor, anchor_token: torch.Tensor) -> torch.Tensor:
@@ -62,14 +63,20 @@ def draft_block_hidden(drafter: DFlashDrafter, ctx: ContextKV, anchor_token: int
     ids[0, 0] = anchor_token
     positions = torch.arange(ctx.length, ctx.length + spec.block_size, device=device)
     masks = drafter.decode_masks(torch.arange(ctx.length, device=device), positions)
+    assert ctx.kv is not None, "the context was extended with the prompt first"
     return drafter.blocks(ids, positions[None], ctx.kv, masks)[0]
 
 
-Pick = Callable[[DFlashDrafter, torch.Tensor, torch.Tensor, Sampling, torch.Generator], Draft]
+# The drafter is the proposer's own, of the pick's family (DSpark's pick takes a DSparkDrafter), hence Any.
+Pick = Callable[[Any, torch.Tensor, torch.Tensor, Sampling, torch.Generator | None], Draft]
 
 
 def default_pick(
-    drafter: DFlashDrafter, h_QH: torch.Tensor, anchor: torch.Tensor, sampling: Sampling, generator: torch.Generator
+    drafter: DFlashDrafter,
+    h_QH: torch.Tensor,
+    anchor: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
 ) -> Draft:
     """DFlash/DFlash2 drafts: `default_propose` when greedy; sampled, each predicting slot draws from its own
     distribution (the slots are conditionally independent given the context; the DFlash2 selector walk is a
@@ -126,7 +133,7 @@ def speculative_generate(
     propose: Propose | None = None,
     pick: Pick | None = None,
     sampling: Sampling = GREEDY,
-    rule: str = "token",
+    rule: Rule = "token",
     generator: torch.Generator | None = None,
     truncate=None,
 ) -> Decoded:

@@ -4,6 +4,7 @@ Shape legend: V target vocabulary, Ht target width.
 """
 
 import functools
+from typing import TypeVar
 
 import torch
 
@@ -43,10 +44,13 @@ def block_spec(cfg: DFlash2Config | DSparkConfig, inputs: families.BuildInputs) 
     }
 
 
-def init_block(drafter: DFlashDrafter, inputs: families.BuildInputs) -> DFlashDrafter:
+D = TypeVar("D", bound=DFlashDrafter)
+
+
+def init_block(drafter: D, inputs: families.BuildInputs) -> D:
     """Copy the target's embedding (frozen) and lm_head: shared and frozen, or the pruned rows, trainable."""
     model = inputs.target_model
-    families.copy_frozen(drafter.embed_tokens, model.get_input_embeddings().weight)
+    families.copy_frozen(drafter.embed_tokens, families.weight_of(model.get_input_embeddings()))
     head = model.get_output_embeddings().weight.detach().float()
     if drafter.spec.draft_vocab_size is None:
         families.copy_frozen(drafter.lm_head, head)

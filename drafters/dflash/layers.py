@@ -14,7 +14,7 @@ from torch import nn
 from draftsmith.drafters.dflash.block_attention import SplitMask, block_attention
 from draftsmith.drafters.dflash.spec import DFlashSpec
 from draftsmith.drafters.layers import RMSNorm, RopeScaling, apply_rope, rope_tables
-from draftsmith.drafters.mla import MLASpec, MLAttention
+from draftsmith.drafters.mla import MLAProjection, MLASpec
 from draftsmith.kernels import dyn_conv
 
 
@@ -85,17 +85,17 @@ def mla_spec(spec: DFlashSpec) -> MLASpec:
         rms_norm_eps=spec.rms_norm_eps,
         rope_theta=spec.rope_theta,
         rope_scaling=spec.rope_scaling,
-        **spec.mla,
+        **(spec.mla or {}),
     )
 
 
-class DFlashMLA(MLAttention):
+class DFlashMLA(MLAProjection):
     """MLA (HF DeepSeek-V3 names) with injected context K/V; no q_norm/k_norm (the latent norms play that part)."""
 
     def __init__(self, spec: DFlashSpec) -> None:
         super().__init__(mla_spec(spec))
 
-    # `kv(x, positions)` (context and block K/V alike) is MLAttention's.
+    # `kv(x, positions)` (context and block K/V alike) is MLAProjection's.
 
     def forward(
         self,

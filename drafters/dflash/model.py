@@ -10,6 +10,9 @@ Shape legend: B batch, S sequence, F = num_taps * Ht feature width, H drafter wi
 Q queries, K keys, V target vocabulary, Vd draft vocabulary.
 """
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -65,6 +68,10 @@ class DFlashLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     """Block drafter. `embed_tokens` is the target's, frozen; so is `lm_head` unless the vocabulary is pruned."""
 
+    # Buffers (`register_buffer`, with a pruned vocabulary), declared so that they type as tensors.
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
     def __init__(self, spec: DFlashSpec) -> None:
         super().__init__()
         self.spec = spec
@@ -97,10 +104,14 @@ class DFlashDrafter(nn.Module):
     def context_kv(self, ctx_BSH: torch.Tensor, positions_BS: torch.Tensor) -> list[KV]:
         """Per layer `(k, v)` `[B, heads, S, d]` of the context, normed and rotated, ready to attend."""
         x = self.hidden_norm(ctx_BSH)
-        return [layer.context_kv(x, positions_BS) for layer in self.layers]
+        return [layer.context_kv(x, positions_BS) for layer in cast(list[DFlashLayer], self.layers)]
 
     def blocks(
-        self, ids_BQ: torch.Tensor, positions_BQ: torch.Tensor, ctx_kv: list[KV], masks: list[torch.Tensor | SplitMask]
+        self,
+        ids_BQ: torch.Tensor,
+        positions_BQ: torch.Tensor,
+        ctx_kv: list[KV],
+        masks: Sequence[torch.Tensor | SplitMask],
     ) -> torch.Tensor:
         """`[B, Q, H]` after the final norm; `masks` per layer `[B, 1, Q, Kc + Q]` bool over `[ctx | queries]`."""
         x = self.embed_tokens(ids_BQ)
@@ -139,7 +150,7 @@ class DFlashDrafter(nn.Module):
         positions_S = torch.arange(S, device=input_ids_BS.device)
         ctx_kv = self.context_kv(self.context(features_BSF), positions_S)
         ids, positions = self.block_inputs(input_ids_BS, anchors_BN)
-        cache: dict[tuple, torch.Tensor] = {}
+        cache: dict[tuple, torch.Tensor | SplitMask] = {}
         masks = []
         for i in range(self.spec.num_layers):
             kind = self.spec.layer_attention(i)

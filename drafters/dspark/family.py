@@ -34,7 +34,7 @@ def objective(cfg: DSparkConfig, model: DSparkDrafter, head_VHt: torch.Tensor, g
         generator=generator,
         num_anchors=cfg.num_anchors,
         gamma=cfg.gamma,
-        mix=tuple(cfg.loss_weights),
+        mix=cfg.loss_weights,
         partial_blocks=cfg.partial_blocks,
         target_vocab=cfg.target_vocab,
     )

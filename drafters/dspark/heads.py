@@ -93,7 +93,8 @@ def normal_init(module: nn.Module, std: float) -> None:
     for m in module.modules():
         if isinstance(m, nn.Linear | nn.Embedding):
             m.weight.normal_(0.0, std)
-            if getattr(m, "bias", None) is not None:
-                m.bias.zero_()
+            bias = getattr(m, "bias", None)
+            if bias is not None:
+                bias.zero_()
         elif isinstance(m, RMSNorm):
             m.weight.fill_(1.0)

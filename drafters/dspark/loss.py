@@ -91,7 +91,7 @@ def outside_column(
         `[n, r + 1]` / `[Vout + 1, r + 1]`.
     """
     target = call.target
-    if target is None or target.hidden is None:
+    if target is None or target.hidden is None or target.head is None:
         raise ValueError("outside_column: needs the target in hidden form (hidden + head)")
     n, V = outside_n.shape[0], weight_VD.shape[0]
     ex, ew = call.extra if call.extra is not None else (weight_VD.new_zeros(n, 0), weight_VD.new_zeros(V, 0))
@@ -149,7 +149,8 @@ def dspark_rows(
     accept = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
     bce = F.binary_cross_entropy_with_logits(conf_logit_n.float(), accept, reduction="none")
     w = weights_K.float().to(logits_nV.device)[slot_n]
-    total = sum(m * _weighted_mean(t, w) for m, t in zip(mix, (ce, l1, bce), strict=True))
+    ce_part, l1_part, bce_part = (m * _weighted_mean(t, w) for m, t in zip(mix, (ce, l1, bce), strict=True))
+    total = ce_part + l1_part + bce_part
     count = torch.bincount(slot_n, minlength=weights_K.numel())
     row_loss = (mix[0] * ce + mix[1] * l1 + mix[2] * bce).detach()
     hit = (logp_d.argmax(-1) == labels_n).float()

@@ -49,6 +49,8 @@ TARGET_VOCABS = ("full", "draft")
 class DSparkDrafter(DFlashDrafter):
     """DFlash backbone + `markov_head` + optional `confidence_head`; a pruned lm_head is a `FullVocabHead`."""
 
+    spec: DSparkSpec
+
     def __init__(self, spec: DSparkSpec) -> None:
         if not isinstance(spec, DSparkSpec):
             raise ValueError(f"DSparkDrafter: expected a DSparkSpec, got {type(spec).__name__}")

@@ -118,10 +118,11 @@ def anchored_loss_fused(
         x = model.norm(hidden[valid])
         n = x.shape[0]
         mean = torch.full((n,), 1.0 / max(n, 1), device=x.device)
-        if row_of is None:
+        if target_logits_nVd is None or row_of is None:
             target = Target(hidden=last_hidden_BSHt[b, p], head=draft_head_VdHt)
         else:
             target = Target(logits=target_logits_nVd[row_of[b, p]])
         out = model.lm_head.fused_loss(x, HeadLossCall(target=target, w_soft=mean))
+        assert out.acc is not None  # a soft target always yields the argmax accuracy
         terms.append((out.loss, out.acc.float().sum() / max(n, 1), torch.tensor(n, device=x.device)))
     return combine(terms, decay)

@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from draftsmith.drafters.eagle3.model import Eagle3Drafter
 from draftsmith.drafters.speculative import GREEDY, Decoded, Draft, draw, plain_decode, speculative_decode
-from draftsmith.drafters.verify import Sampling
+from draftsmith.drafters.verify import Rule, Sampling
 
 
 class DraftCache:
@@ -33,11 +33,11 @@ class DraftCache:
         return self.k, self.v
 
     def crop(self, length: int) -> None:
-        if self.k is not None:
+        if self.k is not None and self.v is not None:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
 
 
-def _draft_forward(
+def draft_forward(
     drafter: Eagle3Drafter, tokens_S: torch.Tensor, hidden_SH: torch.Tensor, start: int, cache: DraftCache
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run new positions `start..start+S-1` against the cache; returns logits `[S, Vd]` and next hidden."""
@@ -70,13 +70,14 @@ def _draft_chain(
     Sampled drafts come with their distributions over the target vocabulary `[g, V]` (zero outside the
     draft vocabulary), which the sampling verification rules divide by.
     """
-    logits, hidden = _draft_forward(drafter, tokens_S, drafter.fuse(feats_SF[None])[0], start, cache)
+    logits, hidden = draft_forward(drafter, tokens_S, drafter.fuse(feats_SF[None])[0], start, cache)
     context = cache.length
-    drafts, qs = [], []
+    drafts: list[torch.Tensor] = []
+    qs: list[torch.Tensor] = []
     pos = start + tokens_S.numel()
     for i in range(g):
         if i:
-            logits, hidden = _draft_forward(drafter, drafts[-1].view(1), hidden, pos, cache)
+            logits, hidden = draft_forward(drafter, drafts[-1].view(1), hidden, pos, cache)
             pos += 1
         index, q_d = draw(logits[-1], sampling, generator)
         drafts.append(drafter.draft_to_target(torch.tensor(index, device=logits.device)))
@@ -99,7 +100,8 @@ class EagleProposer:
 
     def __init__(self, drafter: Eagle3Drafter, g: int) -> None:
         self.drafter, self.g, self.cache = drafter, g, DraftCache()
-        self.feats = self.tokens = None
+        self.feats: torch.Tensor | None = None
+        self.tokens: torch.Tensor | None = None
         self.start = 0
 
     def prefill(self, features_SF: torch.Tensor, prompt_S: torch.Tensor, first: int) -> None:
@@ -107,6 +109,7 @@ class EagleProposer:
         self.feats, self.tokens = features_SF, torch.cat([prompt_S[1:], prompt_S.new_tensor([first])])
 
     def propose(self, last: int, sampling: Sampling, generator: torch.Generator) -> Draft:
+        assert self.feats is not None and self.tokens is not None, "prefill comes first"
         draft = _draft_chain(self.drafter, self.feats, self.tokens, self.start, self.cache, self.g, sampling, generator)
         self.start += self.tokens.numel()
         return draft
@@ -125,7 +128,7 @@ def speculative_generate(
     max_new: int,
     eos: set[int],
     sampling: Sampling = GREEDY,
-    rule: str = "token",
+    rule: Rule = "token",
     generator: torch.Generator | None = None,
 ) -> Decoded:
     """Speculative decoding of one prompt `[S]`; greedy output equals the target's greedy output."""

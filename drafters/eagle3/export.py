@@ -120,7 +120,7 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 
 SGLANG_ALGORITHM = "EAGLE3"
-TAP_IDS_ENGINES = ("vllm", "tokenspeed")  # their EAGLE-3 aux ids are our taps; SGLang's are tap - 1
+TAP_IDS_ENGINES: tuple[str, ...] = ("vllm", "tokenspeed")  # their EAGLE-3 aux ids are our taps; SGLang's are tap - 1
 
 
 def draft_tokens(*, depth: int | None = None, block_size: int | None = None) -> int:

@@ -3,6 +3,9 @@
 Shape legend: B batch, S sequence, V target vocabulary, Vd draft vocabulary, Ht target width.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from draftsmith import kernels
@@ -38,7 +41,7 @@ def build(cfg: Eagle3Config, inputs: families.BuildInputs) -> Eagle3Drafter:
     d2t, t2d = vocab.build_draft_vocab(inputs.counts_V, cfg.draft_vocab_size)
     drafter.d2t.copy_(d2t)
     drafter.t2d.copy_(t2d)
-    families.copy_frozen(drafter.embed_tokens, inputs.target_model.get_input_embeddings().weight)
+    families.copy_frozen(drafter.embed_tokens, families.weight_of(inputs.target_model.get_input_embeddings()))
     if cfg.init_lm_head_from_target:
         # The draft head predicts the same next-token distribution as the target's; starting there
         # instead of at random saves most of the early steps on a small corpus.
@@ -66,6 +69,18 @@ def draftable(batch: dict[str, torch.Tensor], head_VHt: torch.Tensor, t2d_V: tor
     return out
 
 
+@dataclass(frozen=True)
+class Objective:
+    """The step loss, called as `objective(model, batch)`, with the shared target it reads (None when off): its
+    per-sample cache, for benchmarks that time a first epoch."""
+
+    loss: Callable[[Eagle3Drafter, dict[str, torch.Tensor]], StepLoss]
+    shared_target: target.SharedTarget | None
+
+    def __call__(self, model: Eagle3Drafter, batch: dict[str, torch.Tensor]) -> StepLoss:
+        return self.loss(model, batch)
+
+
 def objective(
     cfg: Eagle3Config,
     model: Eagle3Drafter,
@@ -73,7 +88,7 @@ def objective(
     generator: torch.Generator,
     *,
     shared: bool | None = None,
-):
+) -> Objective:
     """Forward KL to the target at every TTT depth; anchored TTT when `cfg.anchored` is set.
 
     `shared` (default: off CUDA, `target.use_shared_target`): the counted positions and the target's
@@ -114,8 +129,7 @@ def objective(
             return loss.ttt_loss_shared(model, hidden, target_logits, mask, cfg.depth_decay)
         return loss.ttt_loss_fused(model, hidden, batch["last_hidden"][mask], draft_head, mask, cfg.depth_decay)
 
-    run.shared_target = shared_target  # its per-sample cache, for benchmarks that time a first epoch
-    return run
+    return Objective(run, shared_target)
 
 
 def generate(

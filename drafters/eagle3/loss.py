@@ -12,7 +12,7 @@ all `[n, Vd]` logits of the drafter or of the target at once.
 Shape legend: B batch, S sequence, H drafter width, Vd draft vocabulary, n counted target positions.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -119,7 +119,7 @@ def depth_term(logits_nVd: torch.Tensor, target_logp_nVd: torch.Tensor) -> tuple
     return loss, acc, n
 
 
-def combine(terms: list[tuple[torch.Tensor, ...]], decay: float) -> TTTLoss:
+def combine(terms: Sequence[tuple[torch.Tensor, ...]], decay: float) -> TTTLoss:
     """`TTTLoss` from per-depth `(loss, acc, count)`, depth k weighted `decay**k`."""
     step_loss = torch.stack([t[0] for t in terms])
     weights = decay ** torch.arange(len(terms), dtype=step_loss.dtype, device=step_loss.device)

@@ -44,6 +44,10 @@ class Eagle3Layer(nn.Module):
 class Eagle3Drafter(nn.Module):
     """EAGLE-3 drafter. `embed_tokens` is the target's, frozen; everything else trains."""
 
+    # Buffers (`register_buffer`), declared so that attribute access types as a tensor, not `Tensor | Module`.
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
     def __init__(self, spec: Eagle3Spec) -> None:
         super().__init__()
         self.spec = spec
@@ -96,7 +100,8 @@ class Eagle3Drafter(nn.Module):
         B, S = input_ids_BS.shape
         hidden = self.fuse(features_BSF)
         attn = self.midlayer.self_attn
-        base_k = base_v = None
+        base_k: torch.Tensor | None = None
+        base_v: torch.Tensor | None = None
         diag_k: list[torch.Tensor] = []
         diag_v: list[torch.Tensor] = []
         outputs = []
@@ -104,7 +109,7 @@ class Eagle3Drafter(nn.Module):
             tokens = shift_left(input_ids_BS, 1 + k)
             x = self.midlayer.attn_input(self.embed_tokens(tokens), hidden)
             q, kk, vv = attn.qkv(x, torch.arange(S, device=input_ids_BS.device) + k)
-            if base_k is None:
+            if base_k is None or base_v is None:
                 base_k, base_v = kk, vv
             else:
                 diag_k.append(kk)

@@ -10,6 +10,7 @@ own late feature rather than a random mixture of the three.
 """
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,7 +20,8 @@ from draftsmith.drafters.eagle3.model import Eagle3Drafter
 FIELD = "drafter.init_layer_from_target"
 
 
-def _decoder(target_model: nn.Module) -> nn.Module:
+def _decoder(target_model: nn.Module) -> Any:
+    """The target's Llama-style decoder (`model.layers`, `model.norm`): a Hugging Face module, typed by name only."""
     inner = getattr(target_model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "norm"):
         raise ValueError(f"{FIELD}: the target has no Llama-style model.layers / model.norm to copy from")

@@ -14,13 +14,14 @@ import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from safetensors import safe_open
 
 from draftsmith.core import storage, tensorio
+from draftsmith.drafters import families
 from draftsmith.drafters.export import engines, guards, methods, schedule
+from draftsmith.drafters.families import ExportMethod
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -60,7 +61,7 @@ class ExportResult:
         return "\n".join(lines)
 
 
-def method_module(method: str) -> ModuleType:
+def method_module(method: str) -> ExportMethod:
     """The export module of serving method `method` (`draftsmith.drafters.export.methods`)."""
     try:
         return methods.module(method)
@@ -112,12 +113,14 @@ def export_drafter(
     """The checked `{file: bytes}` of `model`'s serving folder for `engine`."""
     engines.check_engine(engine, method)
     # The engines share the target's embedding, so a drafter trained on a never-copied one would serve garbage.
-    guards.check_embedding(model.embed_tokens.weight.detach(), target_embed_VH, "drafter embed_tokens.weight")
+    embed = families.weight_of(model.get_submodule("embed_tokens"))
+    guards.check_embedding(embed.detach(), target_embed_VH, "drafter embed_tokens.weight")
     metadata = {"num_target_layers": num_target_layers, **metadata}
     module = method_module(method)
     try:
-        if hasattr(module, "check_servable"):
-            module.check_servable(model.spec, engine)
+        check_servable = getattr(module, "check_servable", None)  # an optional member of ExportMethod
+        if check_servable is not None:
+            check_servable(model.spec, engine)
         blobs = module.checkpoint_blobs(model, taps, metadata, engine=engine)
     except guards.ExportError:
         raise
@@ -168,7 +171,7 @@ def _tensor_index(folder: Path) -> dict[str, Path]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise guards.ExportError(f"{folder}: no safetensors weights to read the target's embedding from")
-    out = {}
+    out: dict[str, Path] = {}
     for path in files:
         with safe_open(str(path), "pt") as f:
             out |= {k: path for k in f.keys()}
@@ -207,7 +210,7 @@ def target_sha256(folder: str | Path) -> str:
     return h.hexdigest()
 
 
-def _load_trained(method: str, module: ModuleType, folder: str, embed: torch.Tensor, head: torch.Tensor):
+def _load_trained(method: str, module: ExportMethod, folder: str, embed: torch.Tensor, head: torch.Tensor):
     """The fp32 drafter from the train stage folder, with the target's embedding and lm_head to share."""
     loaded = module.load_drafter(folder, embed, head)
     return loaded[0] if isinstance(loaded, tuple) else loaded

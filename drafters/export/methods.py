@@ -12,12 +12,11 @@ family exported as EAGLE-3 is served as EAGLE-3). A method module defines:
   `extra_files(blobs, run_dir, model)` (files beyond the weights, e.g. a calibration).
 """
 
-from types import ModuleType
-
 from draftsmith.drafters import families
+from draftsmith.drafters.families import ExportMethod
 
 
-def modules() -> dict[str, ModuleType]:
+def modules() -> dict[str, ExportMethod]:
     """Every registered family's method module, by method name."""
     return {m.METHOD: m for m in (families.family(kind).export for kind in families.kinds())}
 
@@ -26,7 +25,7 @@ def names() -> tuple[str, ...]:
     return tuple(modules())
 
 
-def module(method: str) -> ModuleType:
+def module(method: str) -> ExportMethod:
     """The module of serving method `method`; a ValueError naming the known ones otherwise."""
     found = modules()
     if method not in found:

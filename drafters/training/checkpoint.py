@@ -19,6 +19,7 @@ import io
 import logging
 import pickle
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -108,13 +109,18 @@ def read_dcp_metadata(data: bytes, where: str) -> Metadata:
 class _SafeMetadata:
     """`read_metadata` of torch's `FileSystemReader` (2.13), with the restricted unpickler."""
 
+    # What the reader this is mixed into (FileSystemReader, FsspecReader) provides; declared, not defined.
+    fs: Any
+    load_id: str
+    _get_metadata_path: Callable[..., Any]
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))  # type: ignore[attr-defined]
-        with self.fs.create_stream(path, "rb") as stream:  # type: ignore[attr-defined]
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
             metadata = read_dcp_metadata(stream.read(), str(path))
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id  # type: ignore[attr-defined]
+        metadata.storage_meta.load_id = self.load_id
         return metadata
 
 

@@ -14,6 +14,7 @@ call outside its `forward` are named in the unit class's `fsdp_forward_methods` 
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -79,12 +80,13 @@ class TrainModule(nn.Module):
 
 def shard_units(drafter: nn.Module) -> list[nn.Module]:
     """The drafter's own FSDP units (see the module docstring), in forward order."""
-    units = [drafter.embed_tokens]
-    layers = getattr(drafter, "layers", None)
+    embed, layers, head = drafter.embed_tokens, getattr(drafter, "layers", None), getattr(drafter, "lm_head", None)
+    assert isinstance(embed, nn.Module)
+    units = [embed]
     if isinstance(layers, nn.ModuleList):
         units += list(layers)
-    if isinstance(getattr(drafter, "lm_head", None), nn.Linear):
-        units.append(drafter.lm_head)
+    if isinstance(head, nn.Linear):
+        units.append(head)
     return units
 
 
@@ -108,9 +110,10 @@ def materialize(module: TrainModule, full: TrainModule | None, d: Dist) -> None:
     """
     module.to_empty(device=d.device)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(module, full.state_dict() if d.is_main else {}, options=options)
+    assert (full is not None) == d.is_main, "rank 0, and only rank 0, passes the real module"
+    set_model_state_dict(module, full.state_dict() if full is not None else {}, options=options)
     persistent = set(module.state_dict())
-    source = dict(full.named_buffers()) if d.is_main else {}
+    source = dict(full.named_buffers()) if full is not None else {}
     for name, buf in module.named_buffers():
         if name not in persistent:
             if d.is_main:
@@ -125,4 +128,4 @@ def consolidated(module: TrainModule) -> dict[str, torch.Tensor]:
     """
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_model_state_dict(module, options=options)
-    return {k.removeprefix("drafter."): v for k, v in full.items()}
+    return {k.removeprefix("drafter."): cast(torch.Tensor, v) for k, v in full.items()}  # a module's: tensors

@@ -16,9 +16,11 @@ import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from draftsmith.core.config.train import TrainConfig
@@ -76,9 +78,9 @@ class Trainer:
 
     def train_step(self, micros: list[Micro]) -> dict | None:
         """One optimizer step over this rank's micro-batches; returns the previous step's metrics (or None)."""
-        sums = None
+        sums: torch.Tensor | None = None
         for i, micro in enumerate(micros):
-            self.module.set_requires_gradient_sync(i == len(micros) - 1)
+            cast(FSDPModule, self.module).set_requires_gradient_sync(i == len(micros) - 1)  # sharded by `shard`
             self.generator.manual_seed(micro.seed)
             total, loss_K, acc_K, count_K = self.module(micro.batch)
             (total / len(micros)).backward()
@@ -87,12 +89,13 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=True)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
+        assert sums is not None, "a step has at least one micro-batch"
         finite = torch.isfinite(grad_norm) & torch.isfinite(sums[0])
         self._optimizer_step(finite)
         self.consecutive = (self.consecutive + 1) * (~finite)
         self.skipped = self.skipped + (~finite)
         tokens = sum(m.batch["input_ids"].numel() for m in micros)
-        loss_tokens = sum(m.batch["loss_mask"].sum() for m in micros)
+        loss_tokens = torch.stack([m.batch["loss_mask"].sum() for m in micros]).sum()
         vec = torch.cat(
             [sums, torch.stack([grad_norm, finite.float(), self.consecutive, self.skipped]).float()]
             + [torch.stack([loss_tokens.float(), torch.tensor(float(tokens), device=sums.device)])]
@@ -101,10 +104,12 @@ class Trainer:
 
     def _optimizer_step(self, finite: torch.Tensor) -> None:
         if self.fused:
-            self.opt.found_inf = (~finite).float()  # read by the fused kernel: the update is skipped on device
-            self.opt.grad_scale = None
+            # Read by the fused kernel (the update is skipped on device). torch's step reads them with getattr;
+            # its stubs do not declare them.
+            self.opt.found_inf = (~finite).float()  # type: ignore[attr-defined]
+            self.opt.grad_scale = None  # type: ignore[attr-defined]
             self.opt.step()
-            del self.opt.found_inf, self.opt.grad_scale
+            del self.opt.found_inf, self.opt.grad_scale  # type: ignore[attr-defined]
         elif bool(finite):  # the foreach kernel cannot skip by itself: one host sync
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -128,6 +133,7 @@ class Trainer:
         if raw is None:
             return None
         w, K = self.d.world, self.slots
+        assert K is not None, "set by the step that pushed `raw`"
         counts = [raw[f"count_{k}"] for k in range(K)]
         out = {
             "step": raw["step"],

@@ -125,10 +125,10 @@ def failure(module: str, log_dir: str | None, nnodes: int, rc: int, lines: list[
     if files:
         first = files[0]
         local_rank = int(first.parent.name)
-        rank = by_file.get(str(first), local_rank if nnodes == 1 else None)
+        file_rank = by_file.get(str(first), local_rank if nnodes == 1 else None)
         message, traceback = _read_error_file(first)
-        where = f"rank {rank}" if rank is not None else f"local rank {local_rank}"
-        return TorchrunError(f"torchrun {module}: {where} failed: {message}", rank=rank, traceback=traceback)
+        where = f"rank {file_rank}" if file_rank is not None else f"local rank {local_rank}"
+        return TorchrunError(f"torchrun {module}: {where} failed: {message}", rank=file_rank, traceback=traceback)
     tail = "\n".join(lines[-60:])
     who = f"rank {root_rank}" if root_rank is not None else "a rank or torchrun itself"
     return TorchrunError(

@@ -11,9 +11,10 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ class RankBatches:
 
     total_steps: int
     num_samples: int
-    iterate: Callable[[int], Iterator[Step]]
+    iterate: Callable[[int], Generator[Step, None, None]]
 
 
 def _micro(samples: list, mb: MicroBatch, epoch: int, cfg: TrainConfig, seed: int, device) -> Micro:
@@ -70,7 +71,7 @@ def offline_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
     )
     flat = [(p.epoch, mb) for p in plans for step in p.for_rank(d.rank) for mb in step]
 
-    def iterate(start: int) -> Iterator[Step]:
+    def iterate(start: int) -> Generator[Step, None, None]:
         todo = flat[start * cfg.grad_accum :]
         loader = PrefetchLoader(
             dataset, [list(mb.indices) for _, mb in todo], workers=cfg.loader_workers, prefetch=cfg.prefetch
@@ -108,7 +109,7 @@ def online_batches(job, cfg: TrainConfig, d: fsdp.Dist) -> RankBatches:
 
     per_epoch = data.count_stream_steps(lengths, window, window_plan)
 
-    def iterate(start: int) -> Iterator[Step]:
+    def iterate(start: int) -> Generator[Step, None, None]:
         # A resumed online run replays the stream and skips the steps the checkpoint already holds.
         source = OnlineSource(
             hidden_cfg, target, tokens, epochs=cfg.epochs, run_id=job.key[:12], producer_module=job.producer_module
@@ -216,10 +217,10 @@ def train(job, cfg: TrainConfig, d: fsdp.Dist, built, trainer: Trainer, batches:
 class Loop:
     """The step loop of one rank, with its checkpoints and the fault-injection hook."""
 
-    job: object
+    job: Any  # the worker's TrainJob (`draftsmith.drafters.training.worker`, which imports this module)
     cfg: TrainConfig
     d: fsdp.Dist
-    built: object
+    built: Any
     trainer: Trainer
     rec: Recorder
     metrics_path: Path

@@ -282,7 +282,7 @@ def run_torchrun(
             _supervise(spec, cmd, child_env, log, timeout_s)
         log.info("torchrun %s: all %d ranks of this node finished", spec.module, spec.nproc_per_node)
     finally:
-        if own_log_dir:
+        if own_log_dir and spec.log_dir is not None:
             shutil.rmtree(spec.log_dir, ignore_errors=True)
 
 

@@ -77,7 +77,7 @@ def head_loss(
     w3 = row_weights(T, x_TD.device, w_soft, w_ce, w_l1)
     need_l1 = w_l1 is not None
     ex, ew = extra if extra is not None else (None, None)
-    if ex is not None:
+    if ex is not None and ew is not None:
         ex = ex.to(ew.dtype)
     if dispatch.choose("head_loss", x_TD.device, mode) == "reference":
         rows = chunk_rows or chunk_rows_for(V)

@@ -39,13 +39,13 @@ class Target:
         """Raise naming the field whose shape disagrees with `[T, V]`."""
         if self.logits is not None and tuple(self.logits.shape) != (T, V):
             raise ValueError(f"head_loss.target.logits: shape {tuple(self.logits.shape)}, expected {(T, V)}")
-        if self.hidden is not None:
+        if self.hidden is not None and self.head is not None:
             if self.hidden.shape[0] != T or self.head.shape[0] != V or self.hidden.shape[1] != self.head.shape[1]:
                 raise ValueError(
                     f"head_loss.target: hidden {tuple(self.hidden.shape)} and head {tuple(self.head.shape)} "
                     f"do not make [T={T}, V={V}] logits"
                 )
-        if self.topk_ids is not None:
+        if self.topk_ids is not None and self.topk_logp is not None:
             if self.topk_ids.shape != self.topk_logp.shape or self.topk_ids.shape[0] != T:
                 raise ValueError(
                     f"head_loss.target: topk_ids {tuple(self.topk_ids.shape)} and topk_logp "
@@ -56,8 +56,9 @@ class Target:
         """Target logits of rows `r0:r1`, `[r1 - r0, V]` (any float dtype; FLOOR outside a top-k)."""
         if self.logits is not None:
             return self.logits[r0:r1]
-        if self.hidden is not None:
+        if self.hidden is not None and self.head is not None:
             return self.hidden[r0:r1].to(self.head.dtype) @ self.head.T
+        assert self.topk_ids is not None and self.topk_logp is not None  # one form is given (__post_init__)
         ids, logp = self.topk_ids[r0:r1], self.topk_logp[r0:r1]
         out = torch.full((r1 - r0, V), FLOOR, dtype=torch.float32, device=ids.device)
         return out.scatter_(1, ids.long(), logp.float())

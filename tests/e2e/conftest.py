@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.prefect_server import Server, prefect_server_at
+from tests.support.prefect import Server, prefect_server_at
 
 
 @pytest.fixture

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.s3_weed import weed_s3
 from draftsmith.core.config import PipelineConfig, load_recipe
 from draftsmith.core.config.stages import Resources
 from draftsmith.core.gpus import gpu_limit_name, gpu_slots
 from draftsmith.deploy import load_inventory
 from draftsmith.pools import gpu_limit_commands, load_base_job_template
-from tests.e2e.prefect_server import DRAFTSMITH, PREFECT, ROOT, Server, deployable_copy, get_json, run_cli
+from tests.support.prefect import DRAFTSMITH, PREFECT, ROOT, Server, deployable_copy, get_json, run_cli
+from tests.support.s3 import weed_s3
 
 PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
 RECIPES = ROOT / "deployments" / "recipes"
@@ -46,6 +46,7 @@ def _check_pools(server: Server) -> None:
         gcl = get_json(f"{server.api_url}/v2/concurrency_limits/{name}")
         assert (gcl["limit"], gcl["active"]) == (slots, True), name
     block = get_json(f"{server.api_url}/block_types/slug/remote-file-system/block_documents/name/draftsmith-results")
+    assert inventory.result_storage is not None
     assert block["data"] == {"basepath": inventory.result_storage.basepath, "settings": {}}
 
 
@@ -85,12 +86,12 @@ def _check_deployments(server: Server, left_out: list[str]) -> None:
 def _post(server: Server, path: str, body: dict) -> list[dict]:
     import urllib.request
 
-    from tests.e2e.prefect_server import _HTTP
+    from tests.support.prefect import HTTP
 
     req = urllib.request.Request(
         f"{server.api_url}/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
-    with _HTTP.open(req, timeout=30) as resp:
+    with HTTP.open(req, timeout=30) as resp:
         return json.loads(resp.read())
 
 
@@ -167,7 +168,9 @@ def _results_land_on_s3(server: Server, tmp_path: Path) -> None:
     """A flow run with the deployments' env persists its task result under the block's s3:// base path."""
     import s3fs
 
-    basepath = load_inventory().result_storage.basepath
+    storage_block = load_inventory().result_storage
+    assert storage_block is not None
+    basepath = storage_block.basepath
     bucket = basepath.removeprefix("s3://").split("/")[0]
     (data := tmp_path / "s3").mkdir()
     with weed_s3(data, bucket=bucket) as s3_env:

@@ -22,9 +22,9 @@ import yaml
 from draftsmith.core.config import PipelineConfig
 from draftsmith.core.config.drafter import DSparkConfig
 from draftsmith.pools import load_base_job_template
-from tests.e2e.prefect_server import (
-    _HTTP,
+from tests.support.prefect import (
     DRAFTSMITH,
+    HTTP,
     PREFECT,
     ROOT,
     Server,
@@ -148,7 +148,7 @@ def _post(server: Server, path: str, body: dict) -> list[dict]:
     req = urllib.request.Request(
         f"{server.api_url}/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
-    with _HTTP.open(req, timeout=30) as resp:
+    with HTTP.open(req, timeout=30) as resp:
         return json.loads(resp.read())
 
 

@@ -7,7 +7,7 @@ Once the space is freed, the rerun resumes and the stage folder is bitwise what 
 
 import pytest
 
-from benchmarks._fault_storage import MountUnavailable, disk_full
+from tests.support.faults.storage import MountUnavailable, disk_full
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

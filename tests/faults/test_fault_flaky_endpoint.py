@@ -5,7 +5,7 @@ gives when nothing goes wrong."""
 
 import pytest
 
-from benchmarks._fault_servers import flaky_endpoint
+from tests.support.faults.servers import flaky_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

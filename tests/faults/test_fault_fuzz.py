@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -25,7 +25,7 @@ from draftsmith.core.rejects import Rejects
 from draftsmith.core.target_setup import resolve_target
 from draftsmith.tasks import prompt_filters, token_encode, token_rows
 from draftsmith.tasks.prompt_sources import load_sources
-from tests.faults.fuzz_settings import FUZZ
+from tests.support.fuzz import FUZZ
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,8 @@ REASON = re.compile(r"[a-z][a-z0-9_]*")
 _ODD = ["\x00", "\x01", "\x07", "\x1b[0m", "\t", "\r", "\n", "\r\n", "\x0b", "\x1c", "\x85", "\u2028", "\u200b",
         "\ufeff", " ", "\u3000", "é", "ß", "日本語", "🙂", "\U0010fffd", "<|im_end|>", "<|im_start|>assistant\n",
         "<|endoftext|>", "{{ messages }}", "{% raw %}", "\\u0000", '"', "\\", "Ġ"]  # fmt: skip
-_CHARS = st.characters(exclude_categories=("Cs",))  # JSON text holds no lone surrogates; escapes are fuzzed apart
+_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
+_CHARS = st.characters(exclude_categories=_SURROGATES)  # JSON text holds no lone surrogates; escapes are fuzzed apart
 TEXT = st.one_of(
     st.text(_CHARS, max_size=24),
     st.lists(st.sampled_from(_ODD) | st.text(_CHARS, max_size=4), max_size=8).map("".join),
@@ -106,6 +107,7 @@ def prompt_row(draw) -> tuple[dict, dict | None]:
     shape = draw(st.sampled_from(["prompt", "turns", "messages", "conversations"]))
     users = draw(st.lists(WORDY, min_size=1, max_size=3))
     systems: list[str] = []
+    row: dict[str, Any]
     if shape == "prompt":
         users, row = users[:1], {"prompt": users[0]}
     elif shape == "turns":
@@ -122,7 +124,11 @@ def prompt_row(draw) -> tuple[dict, dict | None]:
             if not sharegpt and draw(st.booleans()):
                 msgs.append({"role": "tool", "tool_call_id": "c1", "content": draw(TEXT)})
         row = {shape: msgs}
-    want = {"id": None, "category": None, "system": "\n\n".join(s for s in systems if s.strip()) or None}
+    want: dict[str, Any] = {
+        "id": None,
+        "category": None,
+        "system": "\n\n".join(s for s in systems if s.strip()) or None,
+    }
     want |= {"turns": users, "tools": None}
     if not want["system"] and draw(st.booleans()):
         row["system"] = draw(TEXT)
@@ -274,7 +280,9 @@ def _chatml(messages: list[dict], dropped: bytes) -> tuple[bytes, list[tuple[int
     turns = []
     for m in messages:
         out += spelt(f"<|im_start|>{m['role']}\n")
-        start, lead = len(out), len(spelt(re.match(r"\s*", m["content"]).group()))
+        space = re.match(r"\s*", m["content"])
+        assert space is not None  # `\s*` matches every string
+        start, lead = len(out), len(spelt(space.group()))
         out += spelt(m["content"]) + b"<|im_end|>\n"
         if m["role"] == "assistant":
             turns.append((start, start + lead, len(out)))
@@ -324,6 +332,8 @@ def _mask_problem(worker, ids, mask, messages, last_turn_only) -> str | None:
 @st.composite
 def conversation_line(draw) -> tuple[bytes, str | None]:
     """A tokenize input line and `conv`/`pre` where it must be accepted, None where it may be rejected."""
+    kind: str | None
+    row: dict[str, Any]
     if draw(st.integers(0, 9)) == 0:
         n = draw(st.integers(1, 40))
         row = {"input_ids": draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n))}
@@ -438,6 +448,7 @@ def _reference_drop(worker, row, opts) -> str | None:
     [enc] = token_encode.encode_conversations(worker.tok, worker.renderer, [row], opts, fast=False)
     if isinstance(enc, str):
         return enc
+    assert isinstance(enc, token_encode.Encoded), enc
     return "min_loss_tokens" if int(enc.loss_mask.sum()) < opts.min_loss_tokens else None
 
 
@@ -452,6 +463,7 @@ def _check_conversation(worker, raw: bytes, row, got: tuple, opts) -> None:
     assert ids.tolist() == ref.input_ids.tolist() and mask.tolist() == ref.loss_mask.tolist(), "fast != reference"
     whole = token_encode.Options(10**9, last_turn_only=opts.last_turn_only, vocab_size=VOCAB)
     [full] = token_encode.encode_conversations(tok, renderer, [row], whole)
+    assert isinstance(full, token_encode.Encoded), full
     assert truncated == (len(full.input_ids) > opts.max_length)
     problem = _mask_problem(worker, full.input_ids, full.loss_mask, row.messages, opts.last_turn_only)
     assert problem is None, problem

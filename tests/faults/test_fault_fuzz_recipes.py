@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from draftsmith import cli
 from draftsmith.core.config import RecipeError, load_recipe
-from tests.conftest import RECIPES, ROOT
-from tests.faults.fuzz_settings import FUZZ
+from tests.support.fuzz import FUZZ
+from tests.support.paths import RECIPES, ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -113,10 +113,10 @@ def _means(written, got) -> bool:
 def _load_and_validate(path: Path):
     """The loaded recipe, or the loader's error lines; `draftsmith validate`, run in this process, must say the
     same."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    out_io, err_io = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out_io), contextlib.redirect_stderr(err_io):
         code = cli.main(["validate", str(path)])
-    out, err = out.getvalue(), err.getvalue()
+    out, err = out_io.getvalue(), err_io.getvalue()
     try:
         cfg = load_recipe(path)
     except RecipeError as exc:

@@ -14,10 +14,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from draftsmith import cli
-from draftsmith.core.stage import load_manifest
 from draftsmith.tasks.hidden_states import capture_hidden_states
 from draftsmith.tasks.tokenization import tokenize
 from draftsmith.tasks.train import train
+from tests.support.runs import manifest
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def test_a_truncated_hidden_state_shard_is_captured_again(tiny_cfg, tiny_run, tm
     shard.write_bytes(whole[: len(whole) // 2])
     with caplog.at_level(logging.WARNING):
         m = capture_hidden_states(
-            c.hidden_states, c.target, load_manifest(str(run / "tokenize")), out_uri=str(run / "hidden_states")
+            c.hidden_states, c.target, manifest(str(run / "tokenize")), out_uri=str(run / "hidden_states")
         )
     assert shard.read_bytes() == whole  # captured again, not the half file re-recorded
     assert _digests(m) == _digests(tiny_run["hidden_states"])
@@ -57,7 +57,7 @@ def test_a_truncated_hidden_state_shard_is_captured_again(tiny_cfg, tiny_run, tm
         c.drafter,
         c.target,
         c.hidden_states,
-        load_manifest(str(run / "tokenize")),
+        manifest(str(run / "tokenize")),
         m,
         seed=c.seed,
         out_uri=str(run / "train"),
@@ -74,7 +74,7 @@ def test_one_flipped_bit_in_a_token_shard_recomputes_tokenize(tiny_cfg, tiny_run
     flipped[-3] ^= 0x01  # in the tensor data, same size: a size check cannot see it
     shard.write_bytes(bytes(flipped))
     with caplog.at_level(logging.WARNING):
-        m = tokenize(c.tokenize, c.target, load_manifest(str(run / "regenerate")), out_uri=str(run / "tokenize"))
+        m = tokenize(c.tokenize, c.target, manifest(str(run / "regenerate")), out_uri=str(run / "tokenize"))
     assert shard.read_bytes() == whole
     assert _digests(m) == _digests(tiny_run["tokenize"])
     assert any(str(shard) in r.getMessage() for r in caplog.records), "the damaged shard is named"
@@ -86,9 +86,9 @@ def test_a_copied_run_folder_answers_for_its_own_files(tiny_cfg, tiny_run, tmp_p
     before = _snapshot(original / "tokenize")
     run = _copy(tiny_run, tmp_path)
     assert str(original) not in (run / "train" / "manifest.json").read_text()
-    assert load_manifest(str(run / "train")).uri == str(run / "train")  # the printed checkpoint is the copy's
+    assert manifest(str(run / "train")).uri == str(run / "train")  # the printed checkpoint is the copy's
     (run / "tokenize" / "tokens-00000.safetensors").unlink()
-    m = tokenize(c.tokenize, c.target, load_manifest(str(run / "regenerate")), out_uri=str(run / "tokenize"))
+    m = tokenize(c.tokenize, c.target, manifest(str(run / "regenerate")), out_uri=str(run / "tokenize"))
     assert m.uri == str(run / "tokenize")
     assert (run / "tokenize" / "tokens-00000.safetensors").read_bytes() == before["tokens-00000.safetensors"]
     assert _snapshot(original / "tokenize") == before
@@ -114,11 +114,11 @@ def test_an_old_manifest_with_sha256_and_absolute_paths_still_reads(tmp_path):
     stage = tmp_path / "moved" / "tokenize"
     stage.mkdir(parents=True)
     (stage / "a.bin").write_bytes(b"abc")
-    old = {"stage": "tokenize", "key": "k", "uri": "/elsewhere/tokenize", "created_at": "t"}
+    old: dict[str, object] = {"stage": "tokenize", "key": "k", "uri": "/elsewhere/tokenize", "created_at": "t"}
     old["files"] = [{"name": "/elsewhere/tokenize/a.bin", "bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}]
     (stage / "manifest.json").write_text(json.dumps(old))
-    m = load_manifest(str(stage))
+    m = manifest(str(stage))
     assert m.uri == str(stage) and m.names() == ["a.bin"] and m.files[0].algo == "sha256"
     assert m.artifacts_present()
     (stage / "a.bin").write_bytes(b"abd")
-    assert "a.bin: sha256" in m.problem()
+    assert "a.bin: sha256" in (m.problem() or "")

@@ -16,7 +16,7 @@ import draftsmith.flows.pipeline
 from draftsmith import cli
 from draftsmith.core import runlock, storage
 from draftsmith.core.stage import StageResult, run_stage
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 ROOT = Path(__file__).resolve().parents[2]
 _HOLD = """
@@ -89,6 +89,7 @@ def test_second_run_on_a_held_folder_fails_naming_the_holder_then_takes_over(rea
     assert json.loads((run_dir / runlock.LOCK_NAME).read_text())["pid"] == os.getpid()
 
 
+@pytest.mark.unit
 def test_nested_hold_in_one_process_is_not_a_second_writer(tmp_path):
     with runlock.hold(str(tmp_path)), runlock.hold(str(tmp_path)):
         assert len(runlock.inherited_fds()) == 1

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._fault_stream import DEATH_S, MASTER_TIMEOUT_S, master_killed, parent_killed
 from draftsmith.drafters.training.torchrun import GRACE_S
 from draftsmith.transport.mooncake_store import MooncakeMaster, stop_process
 from draftsmith.transport.mooncake_stream import MASTER_PROBE_S, MasterLost, MooncakeStream
+from tests.support.faults.stream import DEATH_S, MASTER_TIMEOUT_S, master_killed, parent_killed
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from draftsmith import cli
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 

@@ -16,7 +16,7 @@ LONG_ID = "huge-0"
 
 def _corpus(tmp_path) -> str:
     rng = random.Random(0)
-    words = []
+    words: list[str] = []
     while sum(len(w) + 1 for w in words) < 200_000:
         words.append(f"w{rng.randrange(10**6)}")
     rows = [{"id": LONG_ID, "prompt": " ".join(words)[:200_000]}]

@@ -7,9 +7,9 @@ their bytes and still load, and a rerun resumes from the newest of them and reco
 
 import pytest
 
-from benchmarks._fault_stream import STALL_S, rank_lost
 from draftsmith.drafters.training.rank_health import HEARTBEAT_S
 from draftsmith.drafters.training.torchrun import GRACE_S
+from tests.support.faults.stream import STALL_S, rank_lost
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -4,12 +4,13 @@ field, exit with code 2, and show no traceback."""
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from draftsmith import cli
 from draftsmith.core.config import RecipeError, load_recipe
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 pytestmark = pytest.mark.unit
 COMMANDS = ["validate", "plan", "run"]
@@ -51,7 +52,7 @@ def _fake_model(tmp_path: Path, **shape: int) -> Path:
 
 
 # (recipe text, extra arguments, needles the error line must hold); the recipe path is a needle too.
-CASES = {
+CASES: dict[str, tuple[Any, list[str], list[str]]] = {
     "not-utf8": (TINY.encode() + b"# caf\xe9\n", [], ["not UTF-8", f"line {TINY.count(chr(10)) + 1}"]),
     "bad-set-path": (TINY, ["--set", "train.epochs.x=1"], ["train.epochs.x", "train.epochs"]),
     "unknown-set-field": (TINY, ["--set", "train.epoch=3"], ["train.epoch: unknown key", "--set"]),

@@ -12,7 +12,7 @@ import draftsmith.flows.pipeline
 from draftsmith import cli
 from draftsmith.core.rejects import RejectedShareError
 from draftsmith.tasks.select_prompts import select_prompts
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 
 @pytest.fixture(autouse=True)

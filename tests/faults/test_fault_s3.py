@@ -1,4 +1,4 @@
-"""An S3 run folder under faults, on a real SeaweedFS server (`benchmarks/s3_weed.py`) on loopback.
+"""An S3 run folder under faults, on a real SeaweedFS server (`tests/support/s3.py`) on loopback.
 
 The server SIGKILLed while a stage writes its shards: the stage fails with one line naming the object, a
 transient error its retry policy retries; nothing half-written is committed and no manifest appears; after a
@@ -13,11 +13,11 @@ import time
 import pytest
 
 import draftsmith.flows.pipeline
-from benchmarks._fault_storage import READ_ONLY, read_only_bucket, s3_env, s3_restart
-from benchmarks.s3_weed import WeedServer
 from draftsmith import cli
 from draftsmith.core.storage import StorageRefused, StorageUnavailable
-from tests.conftest import RECIPES
+from tests.support.faults.storage import READ_ONLY, read_only_bucket, s3_env, s3_restart
+from tests.support.paths import RECIPES
+from tests.support.s3 import WeedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

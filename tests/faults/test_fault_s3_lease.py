@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from benchmarks.s3_weed import weed_s3
 from draftsmith.core import runlock
+from tests.support.s3 import weed_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +49,12 @@ def _other(url: str, seconds: float, **kw) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=os.environ.copy(), **kw)
 
 
-def _lease(url: str) -> dict | None:
+def _lease(url: str) -> dict:
+    """The lease record of the run folder at `url` (`{}` when none is held)."""
     from draftsmith.core import storage
 
     lock = storage.join(url, runlock.LOCK_NAME)
-    return json.loads(storage.read_bytes(lock)) if storage.exists(lock) else None
+    return json.loads(storage.read_bytes(lock)) if storage.exists(lock) else {}
 
 
 def test_a_second_run_fails_naming_the_holder_while_the_lease_is_renewed(s3) -> None:
@@ -75,7 +76,7 @@ def test_a_second_run_fails_naming_the_holder_while_the_lease_is_renewed(s3) -> 
 def test_a_killed_runs_lease_is_taken_over_once_it_has_expired(s3) -> None:
     url = "s3://draftsmith/runs/killed"
     killed = _other(url, 600)
-    assert killed.stdout.readline().strip() == "held"
+    assert killed.stdout is not None and killed.stdout.readline().strip() == "held"
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     with pytest.raises(runlock.RunFolderBusy, match=f"in use by pid {killed.pid}"):

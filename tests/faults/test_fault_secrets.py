@@ -3,14 +3,13 @@
 import io
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from draftsmith.core.redact import MASK, install_log_redaction, redact, register_secret
 from draftsmith.engines.base import ChatRequest, SamplingParams
 from draftsmith.engines.openai_http import EngineRequestError, EngineUnavailableError, OpenAIEngine
+from tests.support.openai_server import ChatServer, Reply, Request
 
 pytestmark = pytest.mark.unit
 KEY = "sk-faults-0123456789abcdef"
@@ -22,25 +21,13 @@ def echo_server():
     """A chat server on 127.0.0.1 that answers with `status` and a body quoting the request's headers."""
     state = {"status": 500}
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
+    def respond(request: Request) -> Reply:
+        auth = request.auth or ""
+        headers = json.dumps(request.headers)
+        return Reply(state["status"], f"upstream failed for Authorization: {auth}; headers={headers}; key={auth[7:]}")
 
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            auth = self.headers.get("Authorization", "")
-            headers = json.dumps(dict(self.headers))
-            data = f"upstream failed for Authorization: {auth}; headers={headers}; key={auth[7:]}".encode()
-            self.send_response(state["status"])
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", state
-    httpd.shutdown()
-    httpd.server_close()
+    with ChatServer(respond) as server:
+        yield server.url, state
 
 
 def _assert_clean(caplog, err: BaseException) -> None:

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 
 def test_gpu_kernels_smoke_runs_every_op_and_checks_parity():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.bench, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "deployments" / "recipes" / "tiny-cpu.yaml"

@@ -29,7 +29,7 @@ def _right_padded(lengths: list[int], pad_id: int) -> tuple[torch.Tensor, torch.
 @torch.inference_mode()
 def _manual_forward(model, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     """[embedding, layer 1 .. layer L outputs, final norm], each `[B, S, H]`, one decoder layer at a time."""
-    base, layers, norm = hf.decoder_parts(model)
+    base, layers, norm = hf.decoder_parts(model)  # a Llama-style decoder: called by its attribute names
     seq = ids.shape[1]
     x = base.embed_tokens(ids)
     pos = torch.arange(seq)[None]

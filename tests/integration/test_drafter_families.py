@@ -12,57 +12,14 @@ from draftsmith.core import storage
 from draftsmith.core.config import PipelineConfig
 from draftsmith.tasks.evaluate import evaluate
 from draftsmith.tasks.train import train
+from tests.support.models import FAMILY_CASES
 
 pytestmark = pytest.mark.integration
 
-BLOCK = {
-    "num_layers": 2,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "head_dim": 16,
-    "intermediate_size": 128,
-    "mask_token_id": 16,
-    "num_anchors": 8,
-    "draft_vocab_size": 512,
-    "fc_norm": False,
-}
-CASES = {
-    "dflash2": (
-        BLOCK | {"kind": "dflash2", "block_size": 4, "selector_rank": 8, "selector_top_k": 4, "draft_vocab_size": None},
-        "DFlash2DraftModel",
-        3,
-    ),
-    "dspark": (BLOCK | {"kind": "dspark", "block_size": 4, "markov_rank": 8}, "Qwen3DSparkModel", 4),
-    "eagle3": (
-        {
-            "kind": "eagle3",
-            "attention": "mla",
-            "mla": {
-                "kv_lora_rank": 16,
-                "q_lora_rank": 24,
-                "qk_nope_head_dim": 8,
-                "qk_rope_head_dim": 8,
-                "v_head_dim": 8,
-            },
-            "num_heads": 4,
-            "num_kv_heads": 4,
-            "head_dim": 16,
-            "intermediate_size": 128,
-            "draft_vocab_size": 512,
-            "ttt_depth": 3,
-            "fc_norm": True,
-            "norm_output": True,
-            "anchored": {"num_anchors": 8, "max_gap": 2},
-        },
-        "Eagle3DeepseekV3ForCausalLM",
-        3,
-    ),
-}
 
-
-@pytest.mark.parametrize("kind", list(CASES))
+@pytest.mark.parametrize("kind", list(FAMILY_CASES))
 def test_block_drafter_trains_and_decodes_losslessly(kind, tiny_cfg, tiny_run):
-    drafter, architecture, drafts = CASES[kind]
+    drafter, architecture, drafts = FAMILY_CASES[kind]
     cfg = PipelineConfig.model_validate(tiny_cfg.model_dump(mode="json") | {"drafter": drafter})
     run = storage.join(tiny_run["run_dir"], kind)
     ckpt = train(

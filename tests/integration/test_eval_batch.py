@@ -6,6 +6,8 @@
   seed gives different samples.
 """
 
+from typing import Any
+
 import pytest
 
 from draftsmith.core import storage
@@ -42,7 +44,13 @@ def test_batched_greedy_evaluation_measures_what_batch_one_measures(tiny_cfg, ti
 
 
 def test_sampled_evaluation_is_reproducible_to_the_digit(tiny_cfg, tiny_run):
-    sampled = {"temperature": 1.0, "top_p": 0.95, "verification": "token", "suites": [], "held_out": True}
+    sampled: dict[str, Any] = {
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "verification": "token",
+        "suites": [],
+        "held_out": True,
+    }
     first = _run(tiny_cfg, tiny_run, "eval-t1-a", **sampled)
     again = _run(tiny_cfg, tiny_run, "eval-t1-b", **sampled)
     other = _run(tiny_cfg, tiny_run, "eval-t1-c", seed=1, **sampled)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from benchmarks.s3_weed import weed_s3
 from draftsmith.evals.loaders import BenchFileError, load_bench
+from tests.support.s3 import weed_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 BUCKET = "s3://draftsmith/benchmarks"

@@ -41,11 +41,11 @@ def target_dir() -> str:
 @pytest.fixture(scope="module")
 def sweeps(target_dir, tmp_path_factory) -> dict[str, dict]:
     from draftsmith.drafters.export import bundle
-    from tests.integration.test_vllm_serve_drafters import _random_eagle3
+    from tests.support.models import export_random_smollm2_eagle3
 
     tmp = tmp_path_factory.mktemp("sweep")
     embed, _ = bundle.target_weights(target_dir)
-    _random_eagle3(embed, tmp / "eagle3")
+    export_random_smollm2_eagle3(embed, tmp / "eagle3")
     on = sweep_server(target_dir, str(tmp / "eagle3"), CFG, num_speculative_tokens=NUM_TOKENS, work_dir=str(tmp / "on"))
     off = sweep_server(target_dir, None, CFG, work_dir=str(tmp / "off"))
     (tmp / "sweep.json").write_text(json.dumps({"on": on, "off": off}, indent=1))
@@ -125,6 +125,7 @@ def test_prometheus_counters_sum_over_engines():
         'vllm:num_requests_running{engine="0",model_name="m"} 0.0',
     ])  # fmt: skip
     got = parse_spec_counters(text)
+    assert got is not None
     assert (got.num_drafts, got.num_draft_tokens, got.num_accepted_tokens) == (15, 45, 7)
     assert got.accepted_per_pos == [5, 2] and got.acceptance_length == pytest.approx(1 + 7 / 15)
     assert parse_spec_counters('vllm:num_requests_running{engine="0"} 0.0') is None

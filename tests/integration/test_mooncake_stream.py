@@ -8,12 +8,14 @@ back-pressure without loss, and a killed, frozen, or abandoned peer raises `Stre
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 HELPER = Path(__file__).with_name("mooncake_producer_main.py")
 _spec = importlib.util.spec_from_file_location("mooncake_producer_main", HELPER)
+assert _spec is not None and _spec.loader is not None
 producer_main = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(producer_main)
 
@@ -112,7 +115,7 @@ def test_back_pressure_when_the_store_is_smaller_than_the_stream(master, tmp_pat
     with MooncakeStream(settings, codec=codec, peer_timeout_s=10, connect_timeout_s=30) as stream:
         proc = spawn_producer(master, stream, codec, tmp_path, run_id, seed=seed, count=count, **shape)
         try:
-            got = []
+            got: list[Any] = []
             for s in stream:
                 got.append(s)
                 # A slow trainer: the producer outruns it and fills the store. The long first pause makes that
@@ -130,7 +133,7 @@ def test_back_pressure_when_the_store_is_smaller_than_the_stream(master, tmp_pat
 
 def _consume_until_error(stream, proc, act_after: int, act) -> tuple[int, str, float]:
     """Iterate; after `act_after` samples call `act(proc)`; return (consumed, error text, seconds to error)."""
-    t_act = None
+    t_act = math.inf
     with pytest.raises(StreamError) as err:
         for i, _ in enumerate(stream):
             if i + 1 == act_after:
@@ -201,6 +204,7 @@ def test_cli_replays_an_offline_store_bitwise(master, tmp_path):
         try:
             got = list(stream)
             assert proc.wait(timeout=20) == 0
+            assert proc.stdout is not None
             assert json.loads(proc.stdout.read()) == {"produced": 6}
         finally:
             stop_process(proc)
@@ -230,7 +234,7 @@ def test_duplicate_seq_and_wrong_end_count_are_errors(master, case):
         q.send({"type": "hello", "producer": "fake", "run": case, "codec": dataclasses.asdict(codec)})
         q.send(record)
         q.send(record if case == "duplicate" else {"type": "end", "count": 2})
-        got = []
+        got: list[Any] = []
         with pytest.raises(StreamError, match="duplicate" if case == "duplicate" else "ended with count 2 but 1"):
             got.extend(stream)
         q.close()

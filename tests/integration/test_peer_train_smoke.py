@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.bench, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER_PYTHON = ROOT / ".venv-speculators" / "bin" / "python"

@@ -11,9 +11,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from draftsmith.engines.openai_http import EngineRequestError
 from draftsmith.tasks.prompt_pool import PromptRecord
 from draftsmith.tasks.regenerate import read_conversations, regenerate, regenerate_records
 from draftsmith.tasks.select_prompts import read_prompts
+from tests.support.openai_server import ChatServer, Reply, Request, completion
 
 pytestmark = pytest.mark.integration
 
@@ -115,41 +115,19 @@ def _verdict(question: str) -> str:
     return ["empty", "length", "ok", "ok", "ok"][int(hashlib.sha256(question.encode()).hexdigest(), 16) % 5]
 
 
-class ChatServer:
-    """A deterministic chat-completions server: answers depend only on the last user message."""
+def _scripted(fail_on: str | None) -> Callable[[Request], Reply]:
+    """Deterministic answers that depend only on the last user message; `fail_on` gets a 400."""
 
-    def __init__(self, fail_on: str | None = None) -> None:
-        self.questions: list[str] = []
-        outer = self
+    def respond(request: Request) -> Reply:
+        question = request.question
+        if question == fail_on:
+            return Reply(400, {"error": "prompt rejected by policy"})
+        verdict = _verdict(question)
+        content = "" if verdict == "empty" else f"answer to {question}"
+        finish = "length" if verdict == "length" else "stop"
+        return Reply(200, completion(content, finish_reason=finish, completion_tokens=4))
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                question = body["messages"][-1]["content"]
-                outer.questions.append(question)
-                verdict = _verdict(question)
-                content = "" if verdict == "empty" else f"answer to {question}"
-                choice = {"index": 0, "message": {"role": "assistant", "content": content}}
-                choice["finish_reason"] = "length" if verdict == "length" else "stop"
-                status, data = 200, {"choices": [choice], "usage": {"completion_tokens": 4}}
-                if question == fail_on:
-                    status, data = 400, {"error": "prompt rejected by policy"}
-                raw = json.dumps(data).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    return respond
 
 
 @pytest.fixture
@@ -157,7 +135,7 @@ def chat_server():
     servers: list[ChatServer] = []
 
     def start(fail_on: str | None = None) -> ChatServer:
-        servers.append(ChatServer(fail_on))
+        servers.append(ChatServer(_scripted(fail_on)))
         return servers[-1]
 
     yield start
@@ -183,7 +161,7 @@ def test_drops_are_counted_rejected_and_not_continued(tiny_cfg, tiny_run, tiny_t
         asked += len(verdicts) if bad is None else verdicts.index(bad) + 1
         if bad:
             expected[p.id] = "empty_answer" if bad == "empty" else "truncated"
-    assert len(server.questions) == asked  # a dropped conversation is not continued past its failed turn
+    assert len(server.requests) == asked  # a dropped conversation is not continued past its failed turn
     rejected = storage.read_jsonl(m.path("rejected.jsonl"))
     assert {r["id"]: r["reason"] for r in rejected} == expected and expected
     assert m.counts["dropped.empty_answer"] == sum(v == "empty_answer" for v in expected.values())
@@ -223,7 +201,7 @@ def test_permanent_failure_fails_the_stage_and_keeps_committed_chunks(tiny_cfg, 
     cfg = _openai_cfg(tiny_cfg, good.url, openai={"base_url": good.url, "model": "tiny", "concurrency": 2})
     m = regenerate(cfg, tiny_cfg.target, tiny_run["select_prompts"], seed=0, out_uri=out)
     done_first = {p.turns[0] for p in prompts[:8]}
-    assert not done_first & set(good.questions)  # committed prompts were not asked again
+    assert not done_first & {r.question for r in good.requests}  # committed prompts were not asked again
     ids = [r["id"] for r in read_conversations(m)] + [r["id"] for r in storage.read_jsonl(m.path("rejected.jsonl"))]
     assert sorted(ids) == sorted(p.id for p in prompts)
 

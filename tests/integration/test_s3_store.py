@@ -12,12 +12,12 @@ import textwrap
 
 import pytest
 
-from benchmarks.s3_weed import weed_s3
 from draftsmith.core import storage
 from draftsmith.transport.offline_reader import OfflineDataset
 from draftsmith.transport.offline_store import COMMITS, ShardWriter, shard_name, write_store
 from draftsmith.transport.sample import StoreCodec, decode, encode
-from tests.unit.test_offline_store import assert_same, info, samples
+from tests.support.runs import assert_same_sample, store_info, store_samples
+from tests.support.s3 import weed_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 CODEC = StoreCodec("bfloat16", "all", 3)
@@ -37,13 +37,13 @@ def s3(tmp_path, monkeypatch):
 
 def test_write_read_and_resume_shards_on_s3(s3, tmp_path):
     uri = "s3://draftsmith/runs/unit/hidden_states"
-    data = samples(10, seed=4)
-    reference = write_store(str(tmp_path / "local"), info(CODEC), data, shard_samples=3)
-    writer = ShardWriter(uri, info(CODEC), 3)
+    data = store_samples(10, seed=4)
+    reference = write_store(str(tmp_path / "local"), store_info(CODEC), data, shard_samples=3)
+    writer = ShardWriter(uri, store_info(CODEC), 3)
     for s in data[:8]:
         writer.add(s)
     assert storage.list_names(storage.join(uri, COMMITS)) == ["00000.json", "00001.json"]
-    resumed = ShardWriter(uri, info(CODEC), 3)  # a new process would see the same
+    resumed = ShardWriter(uri, store_info(CODEC), 3)  # a new process would see the same
     assert resumed.committed_samples == 6
     for s in data[6:]:
         resumed.add(s)
@@ -52,7 +52,7 @@ def test_write_read_and_resume_shards_on_s3(s3, tmp_path):
     ds = OfflineDataset(uri)
     ds.verify()
     for i in (9, 0, 4):
-        assert_same(ds[i], decode(data[i].id, encode(data[i], CODEC), CODEC))
+        assert_same_sample(ds[i], decode(data[i].id, encode(data[i], CODEC), CODEC))
 
 
 # Runs in a child process: shard 0 is small (one PUT, committed); shard 1 is ~12 MiB and goes up as a
@@ -62,7 +62,6 @@ CHILD = textwrap.dedent(
     """
     import functools, sys, time
     import s3fs.core
-    from tests.unit.test_offline_store import info, samples
     from draftsmith.transport.offline_store import ShardWriter
     from draftsmith.transport.sample import StoreCodec
     import torch
@@ -78,13 +77,13 @@ CHILD = textwrap.dedent(
         return await real_call(self, method, *args, **kwargs)
 
     fs_cls._call_s3 = call
-    data = samples(4, seed=5)
+    data = store_samples(4, seed=5)
     for s in data[2:]:  # shard 1 big enough for a multipart upload
         s.hidden_states = torch.randn(1024, 3 * 1024)
         s.last_hidden = torch.randn(1024, 1024)
         s.input_ids = torch.arange(1024)
         s.loss_mask = torch.ones(1024, dtype=torch.bool)
-    writer = ShardWriter(sys.argv[1], info(StoreCodec("bfloat16", "all", 3)), 2)
+    writer = ShardWriter(sys.argv[1], store_info(StoreCodec("bfloat16", "all", 3)), 2)
     for s in data:
         writer.add(s)
     print("FINISHED", flush=True)
@@ -97,6 +96,7 @@ def test_a_writer_killed_mid_upload_leaves_no_partial_shard(s3):
     env = os.environ | {"PYTHONPATH": os.getcwd()}
     child = subprocess.Popen([sys.executable, "-c", CHILD, uri], stdout=subprocess.PIPE, env=env, text=True)
     try:
+        assert child.stdout is not None
         line = child.stdout.readline().strip()
         assert line == "PARTS-UPLOADED", f"child said {line!r} (exit {child.poll()})"
         child.send_signal(signal.SIGKILL)
@@ -107,7 +107,7 @@ def test_a_writer_killed_mid_upload_leaves_no_partial_shard(s3):
     names = storage.list_names(uri)
     assert shard_name(0) in names and shard_name(1) not in names, names
     assert storage.list_names(storage.join(uri, COMMITS)) == ["00000.json"]
-    resumed = ShardWriter(uri, info(CODEC), 2)
+    resumed = ShardWriter(uri, store_info(CODEC), 2)
     assert resumed.committed_samples == 2
 
 

@@ -1,17 +1,19 @@
 """Our exported drafters in the vLLM project's drafter library (speculators 0.9.0, `.venv-speculators`).
 
 Tiny drafters with random weights (norm gains too, so that a swapped norm shows) are exported with our code
-for the tiny target, then loaded by the peer (`benchmarks/_peer_models.py`: its EAGLE-3 and DFlash converters;
+for the tiny target, then loaded by the peer (`benchmarks/helpers/peer_models.py`: its EAGLE-3 and DFlash converters;
 its DFlash2 and DSpark classes, which take our names unchanged, as it has no loader for the vLLM layout of
 those). One subprocess of the peer's venv runs the forward of every export on the same inputs (safetensors
 files both ways); the outputs must equal ours, which are computed from the export reloaded (bf16 weights)
 in fp32, the precision the peer runs in. A control export with two tensors swapped must differ.
 """
 
+import functools
 import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +46,11 @@ SWAPS = {  # control exports: two same-shaped tensors exchanged
 }
 
 
-def _spec_args(V: int) -> dict:
+def _msg(where: str, message: str) -> str:
+    return f"{where}: {message}"
+
+
+def _spec_args(V: int) -> dict[str, Any]:
     return dict(
         hidden_size=64, target_hidden_size=64, num_taps=len(TAPS), num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=128, vocab_size=V,
@@ -54,7 +60,7 @@ def _spec_args(V: int) -> dict:
 def _drafters(V: int) -> dict[str, tuple[str, torch.nn.Module]]:
     """`{case: (export method, model)}`; EAGLE-3.1 adds the per-tap fc norms and the normed hidden feedback."""
     block = _spec_args(V) | {"num_layers": 2, "block_size": 4, "mask_token_id": 16}
-    dflash2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    dflash2: dict[str, Any] = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
     return {
         "eagle3": ("eagle3", Eagle3Drafter(Eagle3Spec(**_spec_args(V), draft_vocab_size=512))),
         "eagle3.1": (
@@ -161,7 +167,7 @@ def interop(tmp_path_factory) -> dict:
             jobs[-1] |= {"inputs": str(tmp / f"{case}.in.safetensors"), "out": str(tmp / f"{job}.out.safetensors")}
             ours[job] = _ours(case, folder, embed, head, x)
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    cmd = [str(PEER_PYTHON), "-m", "benchmarks._peer_forward", str(tmp / "jobs.json")]
+    cmd = [str(PEER_PYTHON), "-m", "benchmarks.workers.peer_forward", str(tmp / "jobs.json")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     reports = {r["folder"]: r for r in map(json.loads, filter(None, proc.stdout.splitlines()))}
@@ -174,12 +180,15 @@ def test_peer_loads_our_export_and_computes_the_same(interop, case):
     # Every tensor we export has a peer parameter of that name, and the peer has none we leave unset.
     assert report["unexpected"] == [] and report["unfilled"] == [] and report["nan"] == [], report
     # The peer's EAGLE-3 converter drops the per-tap fc norms (its intermediate model has none); nothing else
-    # may arrive changed. `_peer_models` puts the dropped ones back by name, so the forward still compares.
+    # may arrive changed. `benchmarks.helpers.peer_models` puts the dropped ones back by name, so the forward
+    # still compares.
     expected = [f"fc_norm.{i}.weight" for i in range(len(TAPS))] if case == "eagle3.1" else []
     assert report["dropped"] == expected, report
     assert set(peer) == set(ours)
     for name, value in ours.items():
-        torch.testing.assert_close(peer[name], value, atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"{case} {n}: {m}")
+        torch.testing.assert_close(
+            peer[name], value, atol=ATOL, rtol=RTOL, msg=functools.partial(_msg, f"{case} {name}")
+        )
 
 
 @pytest.mark.parametrize("case", list(SWAPS))

@@ -33,12 +33,12 @@ DEPTHS = (2,)  # one drafter server: each vLLM CPU server holds ~2 GB while the 
 def measured(tmp_path_factory) -> tuple[dict, object, str, str]:
     from draftsmith.core.target_setup import resolve_target
     from draftsmith.drafters.export import bundle
-    from tests.integration.test_vllm_serve_drafters import _random_eagle3
+    from tests.support.models import export_random_smollm2_eagle3
 
     target_dir = str(resolve_target("embedded:smollm2-135m-instruct"))
     tmp = tmp_path_factory.mktemp("speedup")
     embed, _ = bundle.target_weights(target_dir)
-    _random_eagle3(embed, tmp / "eagle3")
+    export_random_smollm2_eagle3(embed, tmp / "eagle3")
     work = tmp / "runs"
     prompts = list(DEFAULT_PROMPTS[: CFG.prompts_needed()])
     result = speedup.measure_speedup(target_dir, str(tmp / "eagle3"), prompts, CFG, depths=DEPTHS, work_dir=str(work))
@@ -105,10 +105,14 @@ def test_a_served_schedule_drafts_at_batch_1_only_and_answers_as_plain_serving(m
 
     with VLLMServer(target_dir, max_model_len=CFG.max_model_len, extra_args=args) as server:
         alone = ask(server.url, prompts[0])
-        drafts_alone = read_spec_counters(server.url).num_drafts
+        before = read_spec_counters(server.url)
+        assert before is not None, "a speculating server reports its counters"
+        drafts_alone = before.num_drafts
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             together = list(pool.map(lambda p: ask(server.url, p), prompts))
-        drafts_after = read_spec_counters(server.url).num_drafts
+        after = read_spec_counters(server.url)
+        assert after is not None
+        drafts_after = after.num_drafts
     assert drafts_alone >= CFG.max_tokens // 4, "alone, the batch is 1: three draft tokens a step"
     assert drafts_after - drafts_alone < CFG.max_tokens, "two at a time, the schedule turns drafting off"
     assert together == plain["generated_texts"] and alone == plain["generated_texts"][0]

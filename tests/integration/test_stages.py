@@ -1,5 +1,7 @@
 """Each stage function on the tiny recipe: real target, real files, resumable, and checked."""
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -32,7 +34,7 @@ def test_hidden_states_match_a_manual_layer_by_layer_forward(tiny_cfg, tiny_run,
     model, _ = tiny_target
     ds = hidden_dataset(tiny_run["hidden_states"])
     samples = [ds[i] for i in range(3)]
-    base, layers, norm = hf.decoder_parts(model)
+    base, layers, norm = hf.decoder_parts(model)  # a Llama-style decoder: called by its attribute names
     for s in samples[:3]:
         ids = s.input_ids[None]
         with torch.no_grad():
@@ -122,7 +124,7 @@ def test_evaluate_is_lossless_and_reports_acc_len(tiny_run):
 def test_evaluate_renders_its_plots_as_pngs_of_the_fixed_size(tiny_run):
     from pathlib import Path
 
-    from tests.unit.test_eval_plots import check_png
+    from tests.support.runs import check_png
 
     for name in ("acc_len_by_bench", "position_acceptance"):
         check_png(Path(tiny_run["evaluate"].path(f"{name}.png")), name)
@@ -183,7 +185,7 @@ def test_a_crashed_capture_resumes_after_its_committed_shards(tiny_cfg, tiny_run
     from draftsmith.transport.offline_store import ShardWriter
 
     c, uri = tiny_cfg, str(tmp_path / "hs")
-    captured = []
+    captured: list[Any] = []
     real_capture, real_add = HFCapture.capture, ShardWriter.add
 
     def counting(self, samples):

@@ -39,7 +39,7 @@ def _corpus(tmp_path, shards: list[list], info: dict | None = None, name: str = 
         data = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows)
         fname = f"conversations-{k:05d}.jsonl"
         storage.write_bytes(f"{uri}/{fname}", data)
-        files.append(FileEntry(name=fname, bytes=len(data), sha256=storage.sha256(data)))
+        files.append(FileEntry(name=fname, bytes=len(data), digest=storage.sha256(data), algo="sha256"))
     return StageManifest(stage="regenerate", key=f"k-{name}", uri=uri, files=files, info=info or {})
 
 
@@ -153,7 +153,9 @@ def test_worker_tokenizer_equals_autotokenizer_and_init_errors_surface(tiny_cfg,
     fast = token_encode.load_tokenizer(path)
     assert type(fast) is type(tok) and fast.chat_template == tok.chat_template
     assert fast.special_tokens_map == tok.special_tokens_map
-    text = tok.apply_chat_template(_conv(3, turns=2)["messages"], tokenize=False) + " naïve <b>x</b>"
+    rendered = tok.apply_chat_template(_conv(3, turns=2)["messages"], tokenize=False)
+    assert isinstance(rendered, str)
+    text = rendered + " naïve <b>x</b>"
     assert fast(text, return_offsets_mapping=True) == tok(text, return_offsets_mapping=True)
     # A worker that cannot start reports the error instead of being respawned forever.
     cfg = _cfg(tiny_cfg, tmp_path, num_workers=1, renderer="nope")

@@ -1,4 +1,4 @@
-"""A new drafter family with no edit outside its own file (`tests/toy_family.py`): registered as a plugin, it
+"""A new drafter family with no edit outside its own file (`tests/support/toy_family.py`): registered as a plugin, it
 goes through `draftsmith validate` and `draftsmith plan`, the train stage (its torchrun rank loads the plugin
 from the environment), the evaluate stage and `draftsmith export`, on the tiny target."""
 
@@ -26,7 +26,7 @@ TOY = {"kind": "toy", "draft_vocab_size": 512, "heads": 2, "head_dim": 16}
 
 @pytest.fixture
 def toy_env(monkeypatch):
-    monkeypatch.setenv(plugins.ENV, "tests.toy_family")
+    monkeypatch.setenv(plugins.ENV, "tests.support.toy_family")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     plugins.load()
     return os.environ.copy()

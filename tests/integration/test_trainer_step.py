@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from draftsmith.core import storage, tensorio
 from draftsmith.core.config.drafter import parse_drafter
@@ -17,7 +18,7 @@ from draftsmith.drafters.training import fsdp
 from draftsmith.drafters.training.loop import Micro, NonFiniteError, Trainer
 from draftsmith.drafters.training.target_parts import load_target_parts, target_head
 from draftsmith.drafters.training.worker import TrainJob, build
-from tests.integration.test_drafter_families import CASES
+from tests.support.models import FAMILY_CASES as CASES
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +82,13 @@ def _parts(tiny_cfg):
     return _parts_cached(tiny_cfg.target.model_dump_json())
 
 
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded parameter."""
+    shard = p.detach()
+    assert isinstance(shard, DTensor)
+    return shard.to_local()
+
+
 def _trainer(tiny_cfg, tmp_path, d, drafter=None, **train) -> Trainer:
     job = _job(tiny_cfg, tmp_path, drafter, **train)
     built = build(job, d)
@@ -108,20 +116,20 @@ def test_a_nan_step_is_skipped_without_touching_weights_or_optimizer_and_counted
     _poisoned(trainer, {3})
     records, snapshots = [], []
     for step in range(1, 6):
-        snapshots.append([p.detach().to_local().clone() for p in trainer.params])
+        snapshots.append([_local(p).clone() for p in trainer.params])
         records.append(trainer.train_step([Micro(_batch(tiny_cfg, step), seed=step)]))
         if step == 3:
-            after = [p.detach().to_local() for p in trainer.params]
+            after = [_local(p) for p in trainer.params]
             assert all(torch.equal(a, b) for a, b in zip(snapshots[-1], after, strict=True))
             steps = {int(s["step"]) for s in trainer.opt.state.values()}
             assert steps == {2}  # the fused kernel rolled its step count back
     records.append(trainer.flush())
-    records = [r for r in records if r is not None]
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    assert [r["skipped"] for r in records] == [False, False, True, False, False]
-    assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1]
-    assert not math.isfinite(records[2]["loss"]) and math.isfinite(records[3]["loss"])
-    moved = [p.detach().to_local() for p in trainer.params]
+    done = [r for r in records if r is not None]
+    assert [r["step"] for r in done] == [1, 2, 3, 4, 5]
+    assert [r["skipped"] for r in done] == [False, False, True, False, False]
+    assert [r["skipped_steps"] for r in done] == [0, 0, 1, 1, 1]
+    assert not math.isfinite(done[2]["loss"]) and math.isfinite(done[3]["loss"])
+    moved = [_local(p) for p in trainer.params]
     assert any(not torch.equal(a, b) for a, b in zip(snapshots[3], moved, strict=True))  # training went on
 
 
@@ -139,9 +147,10 @@ def test_bf16_mixed_precision_trains_every_family_with_fp32_masters(kind, tiny_c
     mp = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     trainer = _trainer(tiny_cfg, tmp_path, group, CASES[kind][0], mixed_precision=mp)
     assert {p.dtype for p in trainer.params} == {torch.float32}  # the optimizer's master shards
-    first = [p.detach().to_local().clone() for p in trainer.params]
+    first = [_local(p).clone() for p in trainer.params]
     for step in range(1, 3):
         trainer.train_step([Micro(_batch(tiny_cfg, step), seed=step)])
     last = trainer.flush()
+    assert last is not None
     assert math.isfinite(last["loss"]) and not last["skipped"] and last["grad_norm"] > 0
-    assert any(not torch.equal(a, p.detach().to_local()) for a, p in zip(first, trainer.params, strict=True))
+    assert any(not torch.equal(a, _local(p)) for a, p in zip(first, trainer.params, strict=True))

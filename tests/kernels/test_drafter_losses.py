@@ -13,9 +13,11 @@ from draftsmith.drafters.dflash.loss import slot_ce, slot_ce_fused, slot_weights
 from draftsmith.drafters.dspark.loss import dspark_rows, dspark_rows_fused, target_logp
 from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss, ttt_loss_fused
 from draftsmith.kernels import Target
-from tests.kernels import tolerances as tol
-from tests.unit.test_dspark_model import HT, K, V, _drafter
-from tests.unit.test_eagle3_model import _drafter as eagle3_drafter
+from tests.support import kernels as tol
+from tests.support.models import DSPARK_HT as HT
+from tests.support.models import DSPARK_K as K
+from tests.support.models import DSPARK_V as V
+from tests.support.models import dspark_drafter, eagle3_drafter
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +43,7 @@ def _same(a, b) -> None:
 
 
 def test_dspark_fused_rows_equal_the_logits_path(interpreter):
-    model = _drafter(seed=0)
+    model = dspark_drafter(seed=0)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(N, model.spec.hidden_size, generator=g, requires_grad=True)
     prev = torch.randint(0, V, (N,), generator=g)
@@ -63,7 +65,7 @@ def test_dspark_fused_rows_equal_the_logits_path(interpreter):
 
 
 def test_dflash_fused_ce_equals_the_logits_path(interpreter):
-    model = _drafter(seed=1)
+    model = dspark_drafter(seed=1)
     g = torch.Generator().manual_seed(1)
     h = torch.randn(N, model.spec.hidden_size, generator=g, requires_grad=True)
     labels, slots = torch.randint(0, V, (N,), generator=g), torch.randint(1, K, (N,), generator=g)
@@ -96,10 +98,11 @@ def test_eagle3_fused_anchored_loss_equals_the_logits_path(interpreter):
     """The Kimi K3 EAGLE-3 recipe trains anchored: its loss goes through the fused head too."""
     from draftsmith.drafters.anchors import strided_anchors
     from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss, anchored_loss_fused
-    from tests.unit.test_anchored_ttt import DEPTH, _batch
+    from tests.support.models import TTT_DEPTH as DEPTH
+    from tests.support.models import ttt_batch
 
     model = eagle3_drafter(norm_output=True, fc_norm=True).train()
-    ids, feats, loss_mask, in_draft, last, head = _batch(seed=3)
+    ids, feats, loss_mask, in_draft, last, head = ttt_batch(seed=3)
     mask = position_mask(loss_mask, in_draft)
     anchors, keep = strided_anchors(mask, 5, DEPTH, max_gap=2, generator=torch.Generator().manual_seed(4))
     h = feats.clone().requires_grad_(True)

@@ -9,8 +9,11 @@ from draftsmith import kernels
 from draftsmith.drafters.dflash.loss import slot_weights
 from draftsmith.drafters.dspark.loss import dspark_rows_fused, outside_logsumexp
 from draftsmith.kernels import Target
-from tests.kernels import tolerances as tol
-from tests.unit.test_dspark_model import HT, ODD_D2T, ODD_T2D, K, V, _drafter
+from tests.support import kernels as tol
+from tests.support.models import DSPARK_HT as HT
+from tests.support.models import DSPARK_K as K
+from tests.support.models import DSPARK_V as V
+from tests.support.models import ODD_D2T, ODD_T2D, dspark_drafter
 
 pytestmark = pytest.mark.unit
 
@@ -36,7 +39,7 @@ def _same(a, b) -> None:
 
 
 def test_dspark_full_vocabulary_target_triton_equals_reference(interpreter):
-    model = _drafter(seed=2, draft_vocab_size=24)
+    model = dspark_drafter(seed=2, draft_vocab_size=24)
     model.d2t.copy_(ODD_D2T)
     model.t2d.copy_(ODD_T2D)
     g = torch.Generator().manual_seed(2)

@@ -6,7 +6,7 @@ from torch.testing import assert_close
 
 from draftsmith.drafters.dflash.layers import GroupedConv
 from draftsmith.kernels.dyn_conv import dyn_conv
-from tests.kernels import tolerances as tol
+from tests.support import kernels as tol
 
 pytestmark = pytest.mark.unit
 

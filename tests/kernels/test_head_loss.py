@@ -10,77 +10,13 @@ from torch.testing import assert_close
 
 from draftsmith.kernels.head_loss import Target, head_loss, head_loss_reference
 from draftsmith.kernels.head_loss.spec import row_weights
-from tests.kernels import tolerances as tol
+from tests.support.kernels import HEAD_CHUNK_ROWS as CHUNK_ROWS
+from tests.support.kernels import HEAD_D as D
+from tests.support.kernels import HEAD_T as T
+from tests.support.kernels import HEAD_V as V
+from tests.support.kernels import compare_head_loss, head_inputs, run_head_loss
 
 pytestmark = pytest.mark.unit
-
-T, D, V, R, HT, K = 63, 72, 300, 8, 24, 5
-CHUNK_ROWS, BLOCK_V = 20, 64
-
-
-def _target(form: str, dtype: torch.dtype, g: torch.Generator) -> Target:
-    if form == "logits":
-        return Target(logits=(torch.randn(T, V, generator=g) * 2).to(dtype))
-    if form == "hidden":
-        head = torch.randn(V, HT, generator=g) * (3 / HT**0.5)
-        return Target(hidden=torch.randn(T, HT, generator=g).to(dtype), head=head.to(dtype))
-    ids = torch.rand(T, V, generator=g).argsort(-1)[:, :K]
-    return Target(topk_ids=ids, topk_logp=torch.randn(T, K, generator=g).log_softmax(-1))
-
-
-def _inputs(dtype: torch.dtype, form: str | None, extra: bool, frozen_weight: bool = False):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(T, D, generator=g).to(dtype).requires_grad_(True)
-    w = (torch.randn(V, D, generator=g) * (3 / D**0.5)).to(dtype).requires_grad_(not frozen_weight)
-    x2 = torch.randn(T, R, generator=g).to(dtype).requires_grad_(True) if extra else None
-    w2 = (torch.randn(V, R, generator=g) * 0.3).to(dtype).requires_grad_(True) if extra else None
-    target = _target(form, dtype, g) if form else None
-    labels = torch.randint(0, V, (T,), generator=g)
-    weights = [torch.rand(T, generator=g) for _ in range(3)]
-    return x, w, x2, w2, target, labels, weights
-
-
-def _run(mode: str, inputs, *, soft: bool, ce: bool, l1: bool):
-    x, w, x2, w2, target, labels, (ws, wc, wl) = inputs
-    leaves = [t for t in (x, w, x2, w2) if t is not None and t.requires_grad]
-    for t in leaves:
-        t.grad = None
-    out = head_loss(
-        x,
-        w,
-        target=target,
-        labels=labels if ce else None,
-        w_soft=ws if soft else None,
-        w_ce=wc if ce else None,
-        w_l1=wl if l1 else None,
-        extra=(x2, w2) if x2 is not None else None,
-        chunk_rows=CHUNK_ROWS,
-        block_v=BLOCK_V,
-        mode=mode,
-    )
-    out.loss.backward()
-    return out, [t.grad.clone() for t in leaves]
-
-
-def _compare(ref, fused, dtype: torch.dtype) -> None:
-    (r_out, r_grads), (f_out, f_grads) = ref, fused
-    # Loss terms are fp32 sums over identical logits whatever the input dtype.
-    assert_close(f_out.loss, r_out.loss, **tol.FP32)
-    for name in ("soft_ce", "ce", "l1"):
-        r, f = getattr(r_out, name), getattr(f_out, name)
-        assert (r is None) == (f is None), name
-        if r is not None:
-            assert_close(f, r, **tol.FP32, msg=name)
-    for name in ("acc", "hit"):
-        r, f = getattr(r_out, name), getattr(f_out, name)
-        assert (r is None) == (f is None), name
-        if r is not None:
-            assert torch.equal(f, r), name
-    grad_tol = tol.HEAD_GRAD[str(dtype).removeprefix("torch.")]
-    for i, (r, f) in enumerate(zip(r_grads, f_grads, strict=True)):
-        assert f.dtype == r.dtype and not f.isnan().any(), f"grad {i}"
-        scale = float(r.float().abs().max())
-        assert_close(f.float(), r.float(), rtol=grad_tol["rtol"], atol=grad_tol["atol"] * scale, msg=f"grad {i}")
 
 
 @pytest.mark.parametrize(
@@ -95,26 +31,26 @@ def _compare(ref, fused, dtype: torch.dtype) -> None:
 )
 def test_dspark_terms_with_markov_extra_match_the_reference(interpreter, poisoned_empty, dtype, form):
     """Every term at once (soft CE + CE + L1, per-row weights) plus the low-rank extra logits term."""
-    inputs = _inputs(dtype, form, extra=True)
-    ref = _run("reference", inputs, soft=True, ce=True, l1=True)
-    fused = _run("triton", inputs, soft=True, ce=True, l1=True)
-    _compare(ref, fused, dtype)
+    inputs = head_inputs(dtype, form, extra=True)
+    ref = run_head_loss("reference", inputs, soft=True, ce=True, l1=True)
+    fused = run_head_loss("triton", inputs, soft=True, ce=True, l1=True)
+    compare_head_loss(ref, fused, dtype)
     assert 0 < int(ref[0].acc.sum()) < T or form == "topk"  # the accuracy check saw both outcomes
 
 
 def test_eagle3_soft_ce_only(interpreter, poisoned_empty):
-    inputs = _inputs(torch.float32, "hidden", extra=False)
-    ref = _run("reference", inputs, soft=True, ce=False, l1=False)
-    fused = _run("triton", inputs, soft=True, ce=False, l1=False)
-    _compare(ref, fused, torch.float32)
+    inputs = head_inputs(torch.float32, "hidden", extra=False)
+    ref = run_head_loss("reference", inputs, soft=True, ce=False, l1=False)
+    fused = run_head_loss("triton", inputs, soft=True, ce=False, l1=False)
+    compare_head_loss(ref, fused, torch.float32)
     assert fused[0].ce is None and fused[0].l1 is None
 
 
 def test_dflash_ce_with_a_frozen_head(interpreter, poisoned_empty):
-    inputs = _inputs(torch.float16, None, extra=False, frozen_weight=True)
-    ref = _run("reference", inputs, soft=False, ce=True, l1=False)
-    fused = _run("triton", inputs, soft=False, ce=True, l1=False)
-    _compare(ref, fused, torch.float16)
+    inputs = head_inputs(torch.float16, None, extra=False, frozen_weight=True)
+    ref = run_head_loss("reference", inputs, soft=False, ce=True, l1=False)
+    fused = run_head_loss("triton", inputs, soft=False, ce=True, l1=False)
+    compare_head_loss(ref, fused, torch.float16)
     assert fused[0].soft_ce is None and fused[0].acc is None and inputs[1].grad is None
 
 
@@ -124,13 +60,14 @@ def test_no_rows_gives_a_zero_loss_still_in_the_graph(interpreter):
     for mode in ("reference", "triton"):
         out = head_loss(x, w, labels=torch.zeros(0, dtype=torch.long), w_ce=torch.zeros(0), mode=mode)
         out.loss.backward()
+        assert out.ce is not None and w.grad is not None
         assert float(out.loss.detach()) == 0.0 and out.ce.shape == (0,)
         assert torch.equal(w.grad, torch.zeros_like(w))
 
 
 def test_chunked_reference_equals_the_naive_one():
     """The chunked (checkpointed) reference is what CPU training runs; it must be the naive loss exactly."""
-    x, w, x2, w2, target, labels, (ws, wc, wl) = _inputs(torch.float32, "hidden", extra=True)
+    x, w, x2, w2, target, labels, (ws, wc, wl) = head_inputs(torch.float32, "hidden", extra=True)
     w3 = row_weights(T, x.device, ws, wc, wl)
     results = []
     for rows in (None, CHUNK_ROWS):
@@ -139,7 +76,7 @@ def test_chunked_reference_equals_the_naive_one():
         out = head_loss_reference(x, w, target, labels, w3, True, x2, w2, chunk_rows=rows)
         out.loss.backward()
         results.append((out, [t.grad.clone() for t in (x, w, x2, w2)]))
-    _compare(results[0], results[1], torch.float32)
+    compare_head_loss(results[0], results[1], torch.float32)
 
 
 def test_the_loss_is_the_textbook_formula_on_a_hand_case():
@@ -152,6 +89,7 @@ def test_the_loss_is_the_textbook_formula_on_a_hand_case():
     logp_d, p_t = z.log_softmax(-1), zt.softmax(-1)
     assert_close(out.soft_ce, -(p_t * logp_d).sum(-1))
     assert_close(out.ce, -logp_d[[0, 1], [2, 0]])
+    assert out.acc is not None and out.hit is not None and out.soft_ce is not None
     assert out.acc.tolist() == [False, True] and out.hit.tolist() == [True, True]
     assert_close(out.loss, out.soft_ce.sum())
 

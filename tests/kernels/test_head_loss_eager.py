@@ -11,7 +11,10 @@ import torch
 
 from draftsmith.kernels import dispatch
 from draftsmith.kernels.head_loss import head_loss
-from tests.kernels.test_head_loss import CHUNK_ROWS, D, V, _compare, _inputs, _run
+from tests.support.kernels import HEAD_CHUNK_ROWS as CHUNK_ROWS
+from tests.support.kernels import HEAD_D as D
+from tests.support.kernels import HEAD_V as V
+from tests.support.kernels import compare_head_loss, head_inputs, run_head_loss
 
 pytestmark = pytest.mark.unit
 
@@ -27,19 +30,19 @@ pytestmark = pytest.mark.unit
     ],
 )
 def test_every_term_matches_the_reference(poisoned_empty, dtype, form, extra):
-    inputs = _inputs(dtype, form, extra=extra)
-    ref = _run("reference", inputs, soft=True, ce=True, l1=True)
-    eager = _run("auto", inputs, soft=True, ce=True, l1=True)
-    _compare(ref, eager, dtype)
+    inputs = head_inputs(dtype, form, extra=extra)
+    ref = run_head_loss("reference", inputs, soft=True, ce=True, l1=True)
+    eager = run_head_loss("auto", inputs, soft=True, ce=True, l1=True)
+    compare_head_loss(ref, eager, dtype)
 
 
 @pytest.mark.parametrize(("soft", "ce"), [(True, False), (False, True)])
 def test_single_terms_and_a_frozen_head(poisoned_empty, soft, ce):
     """EAGLE-3's soft CE alone and DFlash's CE alone, the head frozen (no weight gradient is made)."""
-    inputs = _inputs(torch.float32, "hidden" if soft else None, extra=False, frozen_weight=True)
-    ref = _run("reference", inputs, soft=soft, ce=ce, l1=False)
-    eager = _run("auto", inputs, soft=soft, ce=ce, l1=False)
-    _compare(ref, eager, torch.float32)
+    inputs = head_inputs(torch.float32, "hidden" if soft else None, extra=False, frozen_weight=True)
+    ref = run_head_loss("reference", inputs, soft=soft, ce=ce, l1=False)
+    eager = run_head_loss("auto", inputs, soft=soft, ce=ce, l1=False)
+    compare_head_loss(ref, eager, torch.float32)
     assert inputs[1].grad is None
 
 
@@ -62,7 +65,7 @@ def test_auto_on_cpu_takes_the_eager_path_and_no_grad_the_reference(monkeypatch)
 
 def test_a_scaled_upstream_gradient_scales_every_gradient():
     """Backward multiplies the gradients made in forward by the incoming scalar, as autograd would."""
-    inputs = _inputs(torch.float32, "logits", extra=False)
+    inputs = head_inputs(torch.float32, "logits", extra=False)
     x, w, _, _, target, labels, (ws, wc, _) = inputs
     grads = []
     for mode in ("reference", "auto"):

@@ -6,7 +6,7 @@ from torch.testing import assert_close
 
 from draftsmith.drafters.layers import RMSNorm, multi_rms_norm
 from draftsmith.kernels.rmsnorm import rms_norm
-from tests.kernels import tolerances as tol
+from tests.support import kernels as tol
 
 pytestmark = pytest.mark.unit
 
@@ -46,9 +46,10 @@ def test_forward_and_gradients_match_the_reference(interpreter, poisoned_empty, 
 def test_segments_are_normalised_alone_like_the_module(interpreter):
     """The fused multi-segment form equals one `draftsmith.drafters.layers.RMSNorm` per tap, then the concatenation."""
     x, w, _ = _case(3, torch.float32)
-    norms = torch.nn.ModuleList(RMSNorm(H, EPS) for _ in range(3))
+    each = [RMSNorm(H, EPS) for _ in range(3)]
+    norms = torch.nn.ModuleList(each)
     with torch.no_grad():
-        for norm, row in zip(norms, w, strict=True):
+        for norm, row in zip(each, w, strict=True):
             norm.weight.copy_(row)
         per_tap = torch.cat([norm(p) for norm, p in zip(norms, x.chunk(3, dim=-1), strict=True)], dim=-1)
         assert_close(multi_rms_norm(norms, x), per_tap, rtol=0, atol=0)  # CPU default: the reference, bit-exact

@@ -13,10 +13,11 @@ import yaml
 from torch.testing import assert_close
 
 from draftsmith import kernels
-from draftsmith.core.config.drafter import parse_drafter
+from draftsmith.core.config.drafter import Eagle3Config, parse_drafter
 from draftsmith.drafters import vocab
 from draftsmith.drafters.eagle3 import family
 from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
+from tests.support.kernels import Tol
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,12 +25,13 @@ STEPS, B, S = 3, 2, 40
 # Both runs are fp32; what differs is summation order inside softmax / norm reductions (a few fp32 ulps per
 # step). The losses stay within ~1e-5 relative over these steps. (Weights are not compared: Adam divides by
 # sqrt(v), so an element whose gradient is ~0 moves by ~lr on either side of an ulp-level difference.)
-CURVE = {"rtol": 1e-4, "atol": 1e-5}
+CURVE: Tol = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def _setup():
     recipe = yaml.safe_load(open("deployments/recipes/tiny-cpu.yaml"))
     cfg = parse_drafter({**recipe["drafter"], "fc_norm": True, "norm_output": True})
+    assert isinstance(cfg, Eagle3Config) and cfg.draft_vocab_size is not None
     H, V = recipe["target"]["hidden_size"], recipe["target"]["vocab_size"]
     g = torch.Generator().manual_seed(0)
     head = torch.randn(V, H, generator=g)
@@ -65,7 +67,7 @@ def _setup():
     return cfg, model, head, batch
 
 
-def _curve(mode: str, cfg, model, head, batch) -> tuple[list[float], Eagle3Drafter]:
+def _curve(mode: str, cfg, model, head, batch) -> tuple[torch.Tensor, Eagle3Drafter]:
     model = copy.deepcopy(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     objective = family.objective(cfg, model, head, torch.Generator())

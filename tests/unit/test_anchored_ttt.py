@@ -6,27 +6,18 @@ import torch
 from draftsmith.drafters.anchors import strided_anchors
 from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss
 from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss
-from tests.unit.test_eagle3_model import _drafter
+from tests.support.models import TTT_B as B
+from tests.support.models import TTT_DEPTH as DEPTH
+from tests.support.models import TTT_S as S
+from tests.support.models import eagle3_drafter, ttt_batch
 
 pytestmark = pytest.mark.unit
-B, S, DEPTH = 2, 12, 3
-
-
-def _batch(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 50, (B, S), generator=g)
-    feats = torch.randn(B, S, 3 * 24, generator=g)
-    loss_mask = torch.rand(B, S, generator=g) > 0.3
-    in_draft = torch.rand(B, S, generator=g) > 0.2
-    last = torch.randn(B, S, 24, generator=g)
-    head = torch.randn(50, 24, generator=g)
-    return ids, feats, loss_mask, in_draft, last, head
 
 
 @pytest.mark.parametrize(("norm_output", "fc_norm"), [(False, False), (True, True)])
 def test_every_position_an_anchor_equals_dense_ttt(norm_output, fc_norm):
-    model = _drafter(norm_output, fc_norm)
-    ids, feats, loss_mask, in_draft, last, head = _batch()
+    model = eagle3_drafter(norm_output, fc_norm)
+    ids, feats, loss_mask, in_draft, last, head = ttt_batch()
     mask = position_mask(loss_mask, in_draft)
     dense_hidden = model.ttt_hidden(ids, feats, DEPTH)
     target = (last[mask] @ head.T).log_softmax(-1)
@@ -46,8 +37,8 @@ def test_every_position_an_anchor_equals_dense_ttt(norm_output, fc_norm):
 
 
 def test_sampled_anchors_compute_dense_ttt_at_those_anchors_only():
-    model = _drafter(True, True)
-    ids, feats, loss_mask, in_draft, last, head = _batch(1)
+    model = eagle3_drafter(True, True)
+    ids, feats, loss_mask, in_draft, last, head = ttt_batch(1)
     anchors, keep = strided_anchors(loss_mask, 4, DEPTH, max_gap=DEPTH, generator=torch.Generator().manual_seed(2))
     keep[1, -1] = False  # a dropped slot stays finite and out of the loss
     with torch.no_grad():

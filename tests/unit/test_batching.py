@@ -1,6 +1,7 @@
 """Token-budget grouping used by capture and training."""
 
 import random
+from typing import Any, cast
 
 import pytest
 
@@ -39,16 +40,22 @@ def test_stream_steps_plan_each_window_and_are_counted_ahead():
 
     rng = random.Random(7)
     lengths = [rng.randint(1, 90) for _ in range(103)]
-    samples = [SimpleNamespace(input_ids=torch.zeros(n), n=i) for i, n in enumerate(lengths)]
+    samples: list[Any] = [SimpleNamespace(input_ids=torch.zeros(n), n=i) for i, n in enumerate(lengths)]
     steps = list(stream_steps(iter(samples), 20, _plan))
     assert len(steps) == count_stream_steps(lengths, 20, _plan)
-    real = [s.n for _, mbs, groups in steps for mb, g in zip(mbs, groups, strict=True) if not mb.padding for s in g]
+    real = [
+        cast(Any, s).n
+        for _, mbs, groups in steps
+        for mb, g in zip(mbs, groups, strict=True)
+        if not mb.padding
+        for s in g
+    ]
     assert sorted(real) == list(range(103))
     for k, mbs, groups in steps:
         assert len(mbs) == 2  # grad_accum micro-batches per step, fillers included
         for g in groups:
             assert len(g) * max(len(s.input_ids) for s in g) <= 256 or len(g) == 1
-            assert {s.n // 20 for s in g} == {k}  # a step never mixes windows
+            assert {cast(Any, s).n // 20 for s in g} == {k}  # a step never mixes windows
     # With the whole stream as one window the steps are the offline epoch's (same seed, same order).
     whole = [[list(mb.indices) for mb in mbs] for _, mbs, _ in stream_steps(iter(samples), 103, _plan)]
     assert whole == [[list(mb.indices) for mb in step] for step in _plan(lengths, 0).for_rank(0)]

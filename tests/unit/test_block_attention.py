@@ -5,11 +5,15 @@ dense SDPA's output and gradients, including rows with no context key (an anchor
 slot) and windowed or causal layers.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
 from draftsmith.drafters.dflash.block_attention import BlockAttention, block_attention, block_attention_reference
 from draftsmith.drafters.dflash.block_masks import split_train_mask, train_mask
+
+pytestmark = pytest.mark.unit
 
 CASES = [(None, False), (3, True), (None, True), (5, False)]
 
@@ -40,7 +44,8 @@ def test_flash_merge_equals_dense_attention_and_its_gradients(window, causal):
     mask = split_train_mask(anchors, keep, 14, 4, window, causal)
     fast_in, ref_in = _inputs(0), _inputs(0)
     fast = BlockAttention.apply(*fast_in, mask.ctx, mask.own, 0.35)
-    ref = block_attention_reference(*ref_in, mask, 0.35)
+    q, ck, cv, bk, bv = ref_in
+    ref = block_attention_reference(q, ck, cv, bk, bv, mask, 0.35)
     assert torch.allclose(fast, ref, atol=1e-5, rtol=1e-5)
     grad = torch.randn(fast.shape, generator=torch.Generator().manual_seed(1))
     (fast * grad).sum().backward()
@@ -54,9 +59,14 @@ def test_flash_merge_equals_dense_attention_and_its_gradients(window, causal):
 def test_cpu_dispatch_takes_the_flash_path_and_other_widths_the_dense_one(monkeypatch):
     anchors, keep = _anchors()
     mask = split_train_mask(anchors, keep, 14, 4, None, False)
-    calls = []
+    calls: list[int] = []
     real = BlockAttention.apply
-    monkeypatch.setattr(BlockAttention, "apply", lambda *a: calls.append(1) or real(*a))
+
+    def counted(*a: Any) -> Any:
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(BlockAttention, "apply", counted)
     q, ck, cv, bk, bv = _inputs(2)
     block_attention(q, ck, cv, bk, bv, mask, 0.35)
     assert calls == [1]
@@ -73,5 +83,6 @@ def test_bf16_inputs_stay_close_to_the_fp32_result():
     x16 = [t.detach().to(torch.bfloat16) for t in x32]
     out16 = BlockAttention.apply(*x16, mask.ctx, mask.own, 0.35)
     assert out16.dtype == torch.bfloat16
-    ref = block_attention_reference(*[t.detach() for t in x32], mask, 0.35)
+    q, ck, cv, bk, bv = (t.detach() for t in x32)
+    ref = block_attention_reference(q, ck, cv, bk, bv, mask, 0.35)
     assert (out16.float() - ref).abs().max() < 0.1

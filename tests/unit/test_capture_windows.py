@@ -6,6 +6,8 @@ import torch
 from draftsmith.engines.hidden_capture import capture_stream
 from draftsmith.transport.sample import HiddenSample
 
+pytestmark = pytest.mark.unit
+
 
 class RecordingEngine:
     """Returns one sample per input and records each call's sample ids (a window)."""

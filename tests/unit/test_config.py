@@ -6,9 +6,9 @@ import sys
 import pytest
 import yaml
 
-from draftsmith.core.config import PipelineConfig, RecipeError, load_recipe
+from draftsmith.core.config import DFlash2Config, DSparkConfig, Eagle3Config, PipelineConfig, RecipeError, load_recipe
 from draftsmith.plan import render_plan
-from tests.conftest import RECIPES as RECIPE_DIR
+from tests.support.paths import RECIPES as RECIPE_DIR
 
 pytestmark = pytest.mark.unit
 RECIPES = [
@@ -37,14 +37,14 @@ def _write(tmp_path, data) -> str:
 
 
 def _tiny_data():
-    from tests.conftest import RECIPES as DIR
+    from tests.support.paths import RECIPES as DIR
 
     return yaml.safe_load((DIR / "tiny-cpu.yaml").read_text())
 
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_shipped_recipes_validate(name):
-    from tests.conftest import RECIPES as DIR
+    from tests.support.paths import RECIPES as DIR
 
     cfg = load_recipe(DIR / f"{name}.yaml")
     assert cfg.name == name
@@ -162,7 +162,7 @@ def test_cli_bad_recipe_exits_2_with_one_line(tmp_path, field):
 
 
 def test_overrides_apply_before_validation():
-    from tests.conftest import RECIPES as DIR
+    from tests.support.paths import RECIPES as DIR
 
     cfg = load_recipe(DIR / "tiny-cpu.yaml", {"train.epochs": 7})
     assert cfg.train.epochs == 7
@@ -179,7 +179,7 @@ def test_overrides_apply_before_validation():
     ],
 )
 def test_kimi_plan_names_every_stage_pool_and_size(recipe, taps, drafter, drafts):
-    from tests.conftest import RECIPES as DIR
+    from tests.support.paths import RECIPES as DIR
 
     cfg = load_recipe(DIR / f"{recipe}.yaml")
     plan = render_plan(cfg, "s3://bucket/run")
@@ -195,16 +195,19 @@ def test_kimi_plan_names_every_stage_pool_and_size(recipe, taps, drafter, drafts
 
 def test_kimi_drafters_match_the_seed_cards():
     """The K3 configs the seeds release: eagle3.1-mla aux ids [2, 46, 90]; DSpark taps (2, 23, 47, 71, 89) of 93."""
-    from tests.conftest import RECIPES as DIR
+    from tests.support.paths import RECIPES as DIR
 
     eagle = load_recipe(DIR / "kimi-k3-eagle3.yaml")
+    assert isinstance(eagle.drafter, Eagle3Config)
     assert eagle.hidden_states.taps == [2, 46, 90] and eagle.drafter.attention == "mla"
     assert eagle.drafter.fc_norm and eagle.drafter.norm_output
     dspark = load_recipe(DIR / "kimi-k3-dspark.yaml")
+    assert isinstance(dspark.drafter, DSparkConfig)
     assert dspark.hidden_states.taps == [2, 23, 47, 71, 89] and dspark.target.num_layers == 93
     assert (dspark.drafter.num_layers, dspark.drafter.block_size, dspark.drafter.attention) == (5, 7, "mla")
     assert dspark.drafter.fc_norm
     dflash = load_recipe(DIR / "kimi-k3-dflash2.yaml").drafter
+    assert isinstance(dflash, DFlash2Config) and dflash.layer_types is not None
     assert dflash.layer_types.count("sliding_attention") == 4 and dflash.layer_types[-1] == "full_attention"
     assert dflash.attention == "mla" and dflash.block_size == 8
 

@@ -15,6 +15,8 @@ model forward they call, the label, mask, vocabulary and RoPE helpers, and the p
 Shape legend: B batch, S sequence, N anchors, K block slots.
 """
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -36,7 +38,13 @@ from draftsmith.drafters.verify import Sampling
 pytestmark = pytest.mark.unit
 
 META = torch.device("meta")
-MLA = {"kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+MLA: dict[str, Any] = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 12,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 8,
+}
 YARN = {
     "rope_type": "yarn",
     "factor": 8.0,
@@ -142,12 +150,12 @@ def test_eagle3_decoding_helpers():
     model = _eagle3("gqa")
     cache = decode.DraftCache()
     tokens, hidden = torch.zeros(4, dtype=torch.long, device=META), torch.zeros(4, 32, device=META)
-    _on_meta(*decode._draft_forward(model, tokens, hidden, 0, cache))
-    _on_meta(*decode._draft_forward(model, tokens[:1], hidden[:1], 4, cache))
+    _on_meta(*decode.draft_forward(model, tokens, hidden, 0, cache))
+    _on_meta(*decode.draft_forward(model, tokens[:1], hidden[:1], 4, cache))
     _on_meta(decode._to_target_vocab(model, torch.zeros(VD, device=META)))
 
 
-def _block_spec(cls=DFlashSpec, **kw):
+def _block_spec(cls: Any = DFlashSpec, **kw: Any) -> Any:
     base = dict(
         hidden_size=32,
         target_hidden_size=HT,
@@ -167,7 +175,7 @@ def _block_spec(cls=DFlashSpec, **kw):
     return cls(**(base | kw))
 
 
-DFLASH_VARIANTS = {
+DFLASH_VARIANTS: dict[str, dict[str, Any]] = {
     "gqa-pruned": {},
     "mla-pruned": dict(attention="mla", mla=MLA, num_kv_heads=4),
     # The selector needs the full vocabulary (vLLM's walk emits lm_head ids as target ids).
@@ -221,6 +229,7 @@ def test_block_decoding_helpers(variant):
     _on_meta(h, block_decode.default_pick(model, h, anchor, Sampling(), None).tokens)
     # No generator exists on meta; the default one is what `multinomial` falls back to.
     draft = block_decode.default_pick(model, h, anchor, Sampling(temperature=1.0), None)
+    assert draft.q is not None
     _on_meta(draft.tokens, draft.q)
 
 

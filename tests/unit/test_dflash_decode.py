@@ -4,38 +4,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from draftsmith.drafters.dflash import DFlashDrafter, DFlashSpec
 from draftsmith.drafters.dflash.decode import speculative_generate
 from draftsmith.drafters.eagle3.decode import greedy_generate
 from draftsmith.engines.hf import TapRecorder
-from tests.small_llama import small_llama
+from tests.support.models import DFLASH_TAPS as TAPS
+from tests.support.models import DFLASH_VARIANTS, dflash_drafter, small_llama
 
 pytestmark = pytest.mark.unit
-
-TAPS = [1, 2, 3]
-
-
-def _drafter(vocab: int, ht: int, seed: int, **kw) -> DFlashDrafter:
-    spec = DFlashSpec(
-        hidden_size=32,
-        target_hidden_size=ht,
-        num_taps=len(TAPS),
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        intermediate_size=64,
-        vocab_size=vocab,
-        block_size=4,
-        mask_token_id=vocab - 1,
-        **kw,
-    )
-    torch.manual_seed(seed)
-    model = DFlashDrafter(spec)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -44,23 +19,9 @@ def small_vocab_target():
     return small_llama(12, 24, seed=0)
 
 
-SMALL = {
-    "dflash": {},
-    "dflash2": dict(
-        conv_kernel_size=2,
-        conv_group_size=8,
-        selector_rank=4,
-        selector_top_k=3,
-        layer_types=("sliding_attention", "full_attention"),
-        sliding_window=3,
-    ),
-    "dspark-like": dict(predict_anchor=True, draft_vocab_size=8),
-}
-
-
-@pytest.mark.parametrize("case", list(SMALL))
+@pytest.mark.parametrize("case", list(DFLASH_VARIANTS))
 def test_decode_equals_target_greedy_with_rollback(small_vocab_target, case):
-    drafter = _drafter(12, 24, seed=3, **SMALL[case])
+    drafter = dflash_drafter(12, 24, seed=3, **DFLASH_VARIANTS[case])
     if case == "dspark-like":
         drafter.d2t.copy_(torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))  # target ids 0 1 3 4 6 7 9 10
         drafter.t2d.zero_()
@@ -89,7 +50,7 @@ def test_decode_drafts_the_trained_block_and_equals_greedy(tiny_target):
     """With an oracle proposer that gets exactly m drafts right, every round's block outputs equal
     `train_hidden` at the same anchor over the whole sequence's taps, and the output equals greedy."""
     V, Ht = tiny_target.config.vocab_size, tiny_target.config.hidden_size
-    drafter = _drafter(V, Ht, seed=4, conv_kernel_size=2, conv_group_size=8)
+    drafter = dflash_drafter(V, Ht, seed=4, conv_kernel_size=2, conv_group_size=8)
     prompt = torch.randint(0, 1000, (9,), generator=torch.Generator().manual_seed(1))
     base = greedy_generate(tiny_target, prompt, max_new=40, eos=set())
     full = torch.cat([prompt, torch.tensor(base.tokens)])

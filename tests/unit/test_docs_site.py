@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from draftsmith.core.config import PipelineConfig
+from draftsmith.core.config.train import DistributedConfig, TrainConfig
 
 pytestmark = pytest.mark.unit
 
@@ -98,7 +99,9 @@ def test_site_builds_strictly(site: Path) -> None:
 
 def test_recipe_reference_lists_every_recipe_field(site: Path) -> None:
     page = (site / "recipe-reference" / "index.html").read_text(encoding="utf-8")
-    first_table = re.search(r"<table>.*?</table>", page, re.S).group(0)
+    found = re.search(r"<table>.*?</table>", page, re.S)
+    assert found is not None, "the recipe reference has no table"
+    first_table = found.group(0)
     for name in PipelineConfig.model_fields:
         assert f"<code>{name}</code>" in first_table, f"top-level field {name} missing from the root table"
     missing = sorted(n for n in _all_fields(PipelineConfig) if f"<code>{n}</code>" not in page)
@@ -109,16 +112,17 @@ def test_recipe_reference_shows_nested_descriptions(site: Path) -> None:
     page = site / "recipe-reference" / "index.html"
     rows = _rows(page)
     # A field two levels down (train.distributed.nproc_per_node): name, type, default and description.
-    train = PipelineConfig.model_fields["train"].annotation
-    nested = train.model_fields["distributed"].annotation.model_fields["nproc_per_node"]
-    assert ["nproc_per_node", "int, ≥ 1", "1", _md_plain(nested.description)] in rows
+    nested = TrainConfig.model_fields["distributed"].annotation
+    assert nested is DistributedConfig
+    field = DistributedConfig.model_fields["nproc_per_node"]
+    assert ["nproc_per_node", "int, ≥ 1", "1", _md_plain(field.description or "")] in rows
     # Every family of the `drafter` union has its own section, with its own fields.
     headings = [_plain(h) for h in re.findall(r"<h3[^>]*>(.*?)</h3>", page.read_text(encoding="utf-8"), re.S)]
     for family in _models(PipelineConfig.model_fields["drafter"].annotation):
         kind = family.model_fields["kind"].default
         assert any(h.startswith(f"drafter with kind: {kind}") for h in headings), (kind, headings)
         for name, field in family.model_fields.items():
-            assert any(r[0] == name and r[-1] == _md_plain(field.description) for r in rows), (kind, name)
+            assert any(r[0] == name and r[-1] == _md_plain(field.description or "") for r in rows), (kind, name)
 
 
 def test_broken_link_fails_the_strict_build(tmp_path: Path) -> None:

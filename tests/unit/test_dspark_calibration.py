@@ -63,6 +63,7 @@ def test_fit_recovers_known_temperatures_and_cuts_ece(miscalibrated):
     assert max(log_err[:3]) < 0.1, cal.temperatures
     assert max(log_err) < 0.25, cal.temperatures
     # Measured: ECE 0.035 before, 0.005 after.
+    assert cal.ece_before is not None and cal.ece_after is not None
     assert cal.ece_before > 0.025
     assert cal.ece_after < cal.ece_before / 4
     assert cal.n_records == 20000
@@ -74,6 +75,7 @@ def test_calibrated_head_keeps_temperatures_near_one():
     records = to_records(*synthetic_rounds(10000, [1.0] * 4, seed=3))
     cal = calibrate(records)
     assert all(abs(math.log(t)) < 0.1 for t in cal.temperatures), cal.temperatures
+    assert cal.ece_before is not None and cal.ece_after is not None
     assert cal.ece_before < 0.01 and cal.ece_after <= cal.ece_before + 1e-3
 
 
@@ -225,6 +227,7 @@ def test_config_carriers():
     assert read_calibration(json.loads(json.dumps(config))) == cal
     assert speculative_config_fields(cal) == {"dspark_confidence_threshold": 0.6}
     foreign = read_calibration({CONFIG_FIELD: [1.5, 0.9, 1.2]})
+    assert foreign is not None
     assert foreign.temperatures == [1.5, 0.9, 1.2] and foreign.threshold == 0.5 and foreign.ece_after is None
     assert read_calibration({"block_size": 3}) is None
     with pytest.raises(ValueError, match=CONFIG_FIELD):

@@ -24,8 +24,10 @@ def test_markov_bias_starts_at_zero_but_can_learn():
     assert torch.count_nonzero(bias) == 0
     # With w1 random and w2 zero, the first step moves w2 (w1 moves from the second step on).
     (bias * torch.randn_like(bias)).sum().backward()
-    assert torch.count_nonzero(head.markov_w2.weight.grad) > 0
-    assert torch.count_nonzero(head.markov_w1.weight.grad) == 0
+    w1, w2 = head.markov_w1.weight.grad, head.markov_w2.weight.grad
+    assert w1 is not None and w2 is not None
+    assert torch.count_nonzero(w2) > 0
+    assert torch.count_nonzero(w1) == 0
 
 
 def test_markov_bias_is_w2_times_w1_row():

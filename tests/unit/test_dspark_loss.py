@@ -57,7 +57,8 @@ def test_hand_checked_terms_total_and_per_slot():
     ids=["ce", "l1", "bce"],
 )
 def test_each_term_alone(mix, expected):
-    out = dspark_loss(*_case(), mix=mix)
+    logits, conf, tlogp, labels, valid, weights = _case()
+    out = dspark_loss(logits, conf, tlogp, labels, valid, weights, mix=mix)
     assert float(out.total) == pytest.approx(expected, abs=1e-5)
 
 

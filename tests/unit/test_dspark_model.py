@@ -5,48 +5,28 @@ import pytest
 import torch
 
 from draftsmith.drafters.dflash.loss import slot_labels, slot_weights
-from draftsmith.drafters.dspark.decode import draft_block, propose
+from draftsmith.drafters.dspark.decode import DraftBlock, draft_block, propose
 from draftsmith.drafters.dspark.loss import dspark_loss, target_logp
-from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec, dspark_objective, output_labels
-from draftsmith.drafters.vocab import build_draft_vocab
-from tests.small_llama import small_llama
+from draftsmith.drafters.dspark.model import DSparkDrafter, dspark_objective, output_labels
+from tests.support.models import DSPARK_HT as HT
+from tests.support.models import DSPARK_K as K
+from tests.support.models import DSPARK_V as V
+from tests.support.models import (
+    ODD_D2T,
+    ODD_T2D,
+    TAPS3,
+    dspark_batch,
+    dspark_drafter,
+    dspark_spec,
+    random_dspark,
+    small_llama,
+)
 
 pytestmark = pytest.mark.unit
 
-V, HT, TAPS, K = 40, 16, 2, 4
-# A pruned vocabulary of 24 with non-trivial offsets: all 20 odd ids, then the smallest even ids 0, 2, 4, 6.
-ODD_D2T, ODD_T2D = build_draft_vocab(torch.arange(V) % 2, 24)
-
-
-def _spec(**kw) -> DSparkSpec:
-    base = dict(hidden_size=32, target_hidden_size=HT, num_taps=TAPS, num_layers=2, num_heads=4, num_kv_heads=2)
-    base |= dict(head_dim=8, intermediate_size=48, vocab_size=V, block_size=K, mask_token_id=V - 1, markov_rank=8)
-    return DSparkSpec(**(base | kw))
-
-
-def _drafter(seed: int = 0, **kw) -> DSparkDrafter:
-    torch.manual_seed(seed)
-    model = DSparkDrafter(_spec(**kw))
-    # A trained Markov head is non-zero; a zero one would hide any slip in which token it conditions on.
-    torch.nn.init.normal_(model.markov_head.markov_w2.weight, std=1.0)
-    return model
-
-
-def _batch(seed: int = 1, B: int = 2, S: int = 14) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    loss_mask = torch.ones(B, S, dtype=torch.bool)
-    loss_mask[:, :3] = False  # a prompt
-    loss_mask[1, 10] = False  # a hole that cuts blocks' supervised prefix
-    return {
-        "input_ids": torch.randint(0, V - 1, (B, S), generator=g),
-        "loss_mask": loss_mask,
-        "features": torch.randn(B, S, TAPS * HT, generator=g),
-        "last_hidden": torch.randn(B, S, HT, generator=g),
-    }
-
 
 def test_parameter_names_match_vllm_dspark():
-    model = _drafter(draft_vocab_size=24)
+    model = dspark_drafter(draft_vocab_size=24)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     # vLLM: markov_w1 embeds target ids [V, r]; markov_w2 biases the draft vocabulary [Vd, r];
     # confidence_head.proj = Linear(H + r, 1, bias=True).
@@ -55,19 +35,19 @@ def test_parameter_names_match_vllm_dspark():
     assert shapes["confidence_head.proj.weight"] == (1, 32 + 8)
     assert shapes["confidence_head.proj.bias"] == (1,)
     assert {"d2t", "t2d", "lm_head.weight", "fc.weight", "hidden_norm.weight", "norm.weight"} <= set(shapes)
-    without = DSparkDrafter(_spec(enable_confidence_head=False))
+    without = DSparkDrafter(dspark_spec(enable_confidence_head=False))
     assert not any(k.startswith("confidence_head") for k in without.state_dict())
 
 
 def test_spec_rejects_a_non_predicting_anchor_slot():
     with pytest.raises(ValueError, match="predict_anchor"):
-        _spec(predict_anchor=False)
+        dspark_spec(predict_anchor=False)
     with pytest.raises(ValueError, match="markov_rank"):
-        _spec(markov_rank=0)
+        dspark_spec(markov_rank=0)
 
 
 def test_teacher_forced_previous_tokens():
-    model = _drafter()
+    model = dspark_drafter()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
     # Anchor 1: [token 1 (the anchor), gold 2, 3, 4]; anchor 5: [10, 11, clamped, clamped].
     prev = model.prev_tokens(ids, torch.tensor([[1, 5]]))
@@ -75,8 +55,8 @@ def test_teacher_forced_previous_tokens():
 
 
 def test_train_outputs_add_the_markov_bias_of_the_previous_gold_token():
-    model = _drafter()
-    batch = _batch()
+    model = dspark_drafter()
+    batch = dspark_batch()
     anchors, keep = torch.tensor([[3, 6], [4, 8]]), torch.ones(2, 2, dtype=torch.bool)
     with torch.no_grad():
         logits, conf, emb = model.train_outputs(batch["input_ids"], batch["features"], anchors, keep)
@@ -100,11 +80,11 @@ def _decode_hidden(model: DSparkDrafter, batch: dict, row: int, a: int) -> torch
 
 @pytest.mark.parametrize("draft_vocab_size", [None, 24], ids=["full", "pruned"])
 def test_training_outputs_equal_decoding_when_the_gold_tokens_are_the_drafts(draft_vocab_size):
-    model = _drafter(draft_vocab_size=draft_vocab_size)
+    model = dspark_drafter(draft_vocab_size=draft_vocab_size)
     if draft_vocab_size:
         model.d2t.copy_(ODD_D2T)
         model.t2d.copy_(ODD_T2D)
-    batch, row, a = _batch(), 1, 5
+    batch, row, a = dspark_batch(), 1, 5
     with torch.no_grad():
         block = draft_block(model, _decode_hidden(model, batch, row, a), batch["input_ids"][row, a])
         # Teacher forcing on a sequence whose continuation is the drafter's own proposals conditions every slot
@@ -123,8 +103,8 @@ def test_training_outputs_equal_decoding_when_the_gold_tokens_are_the_drafts(dra
 
 @pytest.mark.parametrize("partial_blocks", [True, False], ids=["partial", "whole"])
 def test_objective_equals_the_block_form_loss(partial_blocks):
-    model = _drafter()
-    batch = _batch()
+    model = dspark_drafter()
+    batch = dspark_batch()
     head = torch.randn(V, HT, generator=torch.Generator().manual_seed(3))
     out = dspark_objective(
         model,
@@ -151,22 +131,23 @@ def test_objective_equals_the_block_form_loss(partial_blocks):
 
 
 def test_objective_trains_the_heads_and_not_the_frozen_target_parts():
-    model = _drafter()
+    model = dspark_drafter()
     head = torch.randn(V, HT)
     out = dspark_objective(
-        model, _batch(), target_head_VH=head, generator=torch.Generator().manual_seed(0), num_anchors=4
+        model, dspark_batch(), target_head_VH=head, generator=torch.Generator().manual_seed(0), num_anchors=4
     )
     out.total.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     for name in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight"):
-        assert grads[name] is not None and torch.count_nonzero(grads[name]) > 0, name
+        grad = grads[name]
+        assert grad is not None and torch.count_nonzero(grad) > 0, name
     assert grads["fc.weight"] is not None and torch.count_nonzero(grads["fc.weight"]) > 0
     # The shared target embedding and lm_head stay frozen without a pruned vocabulary.
     assert grads["embed_tokens.weight"] is None and grads["lm_head.weight"] is None
 
 
 def test_pruned_vocabulary_invalidates_undraftable_labels():
-    model = _drafter(draft_vocab_size=24)
+    model = dspark_drafter(draft_vocab_size=24)
     model.d2t.copy_(ODD_D2T)
     model.t2d.copy_(ODD_T2D)
     # Draft ids: 0, 1, 2, 3, 4, 5, 6, 7, 9, 11, ... (0-6 and every odd id); target 9 is draft 8, 39 is draft 23.
@@ -176,20 +157,6 @@ def test_pruned_vocabulary_invalidates_undraftable_labels():
     assert out_labels[valid].tolist() == [3, 8, 23]
 
 
-def _random_drafter(vocab: int, ht: int, seed: int, **kw) -> DSparkDrafter:
-    """A DSpark drafter over `TAPS3` of an `ht`-wide target, every weight N(0, 0.3) (the Markov head included)."""
-    spec = _spec(vocab_size=vocab, target_hidden_size=ht, num_taps=len(TAPS3), mask_token_id=vocab - 1, **kw)
-    torch.manual_seed(seed)
-    model = DSparkDrafter(spec)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.eval()
-
-
-TAPS3 = [1, 2, 3]
-
-
 def test_speculative_decoding_equals_greedy_with_rollback_on_a_small_vocabulary():
     """A 12-token target, so the random drafter is sometimes right: acceptance and rollback both happen."""
 
@@ -197,7 +164,7 @@ def test_speculative_decoding_equals_greedy_with_rollback_on_a_small_vocabulary(
     from draftsmith.drafters.eagle3.decode import greedy_generate
 
     target = small_llama(12, 24, seed=0)
-    drafter = _random_drafter(12, 24, seed=3, draft_vocab_size=8)
+    drafter = random_dspark(12, 24, seed=3, draft_vocab_size=8)
     drafter.d2t.copy_(torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))  # target ids 0 1 3 4 6 7 9 10
     drafter.t2d.zero_()
     drafter.t2d[torch.arange(8) + drafter.d2t] = True
@@ -232,10 +199,10 @@ def test_decoding_on_the_tiny_target_equals_greedy_and_matches_training_heads():
 
     target = AutoModelForCausalLM.from_pretrained(ensure_tiny_target(), dtype=torch.float32).eval()
     vocab, ht = target.config.vocab_size, target.config.hidden_size
-    drafter = _random_drafter(vocab, ht, seed=5)
+    drafter = random_dspark(vocab, ht, seed=5)
     prompt = torch.randint(0, 1000, (9,), generator=torch.Generator().manual_seed(2))
     base = greedy_generate(target, prompt, max_new=24, eos=set())
-    seen: list[tuple[int, torch.Tensor]] = []
+    seen: list[tuple[int, DraftBlock]] = []
 
     def recording(d, h_QH, anchor):
         block = draft_block(d, h_QH, anchor)

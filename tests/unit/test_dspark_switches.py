@@ -6,12 +6,13 @@
 """
 
 import types
+from typing import cast
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.core.config import DSparkConfig
+from draftsmith.core.config import DSparkConfig, TargetConfig
 from draftsmith.drafters import families
 from draftsmith.drafters.dflash.loss import slot_labels, slot_weights
 from draftsmith.drafters.dspark import family
@@ -21,8 +22,11 @@ from draftsmith.drafters.dspark.loss import OUTSIDE_DRAFT_LOGIT, outside_column,
 from draftsmith.drafters.dspark.model import DSparkDrafter, dspark_objective
 from draftsmith.drafters.layers import HeadLossCall, RMSNorm
 from draftsmith.kernels import Target, head_loss
-from tests.small_llama import small_llama
-from tests.unit.test_dspark_model import HT, ODD_D2T, ODD_T2D, TAPS, K, V, _batch, _drafter
+from tests.support.models import DSPARK_HT as HT
+from tests.support.models import DSPARK_K as K
+from tests.support.models import DSPARK_TAPS as TAPS
+from tests.support.models import DSPARK_V as V
+from tests.support.models import ODD_D2T, ODD_T2D, dspark_batch, dspark_drafter, small_llama
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +37,7 @@ def _objective(model, batch, head, *, seed: int = 7, num_anchors: int = 3, **kw)
 
 
 def _pruned(seed: int = 0, d2t=ODD_D2T, t2d=ODD_T2D) -> DSparkDrafter:
-    model = _drafter(seed, draft_vocab_size=len(d2t))
+    model = dspark_drafter(seed, draft_vocab_size=len(d2t))
     model.d2t.copy_(d2t)
     model.t2d.copy_(t2d)
     return model
@@ -63,14 +67,17 @@ def test_config_defaults_are_the_reference_choices_and_the_old_ones_stay_selecta
 
 def test_family_objective_passes_the_switches_through():
     cfg = _config(partial_blocks=False, target_vocab="draft")
-    obj = family.objective(cfg, None, torch.zeros(V, HT), torch.Generator())
+    obj = family.objective(cfg, dspark_drafter(), torch.zeros(V, HT), torch.Generator())
     assert obj.keywords["partial_blocks"] is False and obj.keywords["target_vocab"] == "draft"
-    assert family.objective(_config(), None, torch.zeros(V, HT), torch.Generator()).keywords["target_vocab"] == "full"
+    assert (
+        family.objective(_config(), dspark_drafter(), torch.zeros(V, HT), torch.Generator()).keywords["target_vocab"]
+        == "full"
+    )
 
 
 def test_objective_rejects_an_unknown_target_vocabulary():
     with pytest.raises(ValueError, match="target_vocab"):
-        _objective(_drafter(), _batch(), _head(), target_vocab="pruned")
+        _objective(dspark_drafter(), dspark_batch(), _head(), target_vocab="pruned")
 
 
 # --- partial_blocks -------------------------------------------------------------------------------------------
@@ -93,9 +100,9 @@ def _recorded_anchors(monkeypatch) -> list:
 def test_every_candidate_anchor_and_which_slots_count(monkeypatch, partial_blocks):
     """With more anchor slots than candidates every candidate is an anchor: the partial rule reaches the last
     supervised position (S - 2), whose later slots fall past the row end and are not counted."""
-    batch, S = _batch(), 14
+    batch, S = dspark_batch(), 14
     seen = _recorded_anchors(monkeypatch)
-    out = _objective(_drafter(), batch, _head(), num_anchors=S, partial_blocks=partial_blocks)
+    out = _objective(dspark_drafter(), batch, _head(), num_anchors=S, partial_blocks=partial_blocks)
     (anchors, keep), mask = seen[0], batch["loss_mask"]
     last = S - 2 if partial_blocks else S - K - 1
     for b in range(2):
@@ -115,7 +122,7 @@ def test_every_candidate_anchor_and_which_slots_count(monkeypatch, partial_block
 
 
 def test_partial_block_slots_past_the_row_end_are_masked():
-    batch, S = _batch(), 14
+    batch, S = dspark_batch(), 14
     anchors, keep = torch.tensor([[S - 2, S - 3], [5, S - 2]]), torch.ones(2, 2, dtype=torch.bool)
     labels, valid = slot_labels(batch["input_ids"], batch["loss_mask"], anchors, keep, K, predict_anchor=True)
     assert valid[0, 0].tolist() == [True] + [False] * (K - 1)
@@ -127,14 +134,14 @@ def test_partial_block_slots_past_the_row_end_are_masked():
 def test_partial_blocks_change_nothing_when_rows_end_in_padding():
     """Rows whose last K positions are unsupervised have no candidate within K of the end under either rule: the
     same anchors, so the same loss, bit for bit."""
-    batch = _batch()
+    batch = dspark_batch()
     batch["loss_mask"][:, -K:] = False
-    model, head = _drafter(), _head()
+    model, head = dspark_drafter(), _head()
     a = _objective(model, batch, head, num_anchors=5, partial_blocks=True)
     b = _objective(model, batch, head, num_anchors=5, partial_blocks=False)
     assert torch.equal(a.total, b.total) and torch.equal(a.step_count, b.step_count)
-    c = _objective(model, _batch(), head, num_anchors=5, partial_blocks=True)
-    d = _objective(model, _batch(), head, num_anchors=5, partial_blocks=False)
+    c = _objective(model, dspark_batch(), head, num_anchors=5, partial_blocks=True)
+    d = _objective(model, dspark_batch(), head, num_anchors=5, partial_blocks=False)
     assert not torch.equal(c.step_count, d.step_count)  # on rows supervised to the end the rule does differ
 
 
@@ -142,7 +149,7 @@ def test_partial_blocks_change_nothing_when_rows_end_in_padding():
 
 
 def test_without_pruning_both_target_vocabularies_are_the_same_loss():
-    model, batch, head = _drafter(), _batch(), _head()
+    model, batch, head = dspark_drafter(), dspark_batch(), _head()
     full = _objective(model, batch, head, target_vocab="full")
     draft = _objective(model, batch, head, target_vocab="draft")
     assert torch.equal(full.total, draft.total) and torch.equal(full.step_loss, draft.step_loss)
@@ -150,7 +157,7 @@ def test_without_pruning_both_target_vocabularies_are_the_same_loss():
 
 def test_a_draft_vocabulary_of_every_id_agrees_with_the_renormalised_form():
     every = torch.zeros(V, dtype=torch.int64), torch.ones(V, dtype=torch.bool)
-    model, batch, head = _pruned(d2t=every[0], t2d=every[1]), _batch(), _head()
+    model, batch, head = _pruned(d2t=every[0], t2d=every[1]), dspark_batch(), _head()
     full = _objective(model, batch, head, target_vocab="full")
     draft = _objective(model, batch, head, target_vocab="draft")
     torch.testing.assert_close(full.total, draft.total, rtol=1e-6, atol=1e-6)
@@ -182,7 +189,7 @@ def _by_hand(model, batch, head, seed: int, num_anchors: int, full_vocab: bool) 
 
 @pytest.mark.parametrize("target_vocab", ["full", "draft"])
 def test_pruned_objective_equals_the_loss_by_hand(target_vocab):
-    model, batch, head = _pruned(), _batch(), _head()
+    model, batch, head = _pruned(), dspark_batch(), _head()
     out = _objective(model, batch, head, target_vocab=target_vocab, num_anchors=4)
     with torch.no_grad():
         ref = _by_hand(model, batch, head, 7, 4, full_vocab=target_vocab == "full")
@@ -191,7 +198,12 @@ def test_pruned_objective_equals_the_loss_by_hand(target_vocab):
     assert abs(float(ref) - float(other)) > 1e-3  # the two targets do differ on this vocabulary
 
 
-def _head_case(seed: int = 0, n: int = 9, D: int = 6, Vd: int = 7, Vt: int = 15, r: int = 3):
+Tensors8 = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+]
+
+
+def _head_case(seed: int = 0, n: int = 9, D: int = 6, Vd: int = 7, Vt: int = 15, r: int = 3) -> Tensors8:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, D, generator=g, requires_grad=True)
     weight = torch.randn(Vd, D, generator=g, requires_grad=True)
@@ -224,8 +236,10 @@ def _fused(x, weight, emb, w2, hidden, head, t2d, labels, outside: bool, w_l1: b
     )
     if outside:
         weight, call = outside_column(weight, call, outside_logsumexp(hidden, head, t2d))
-    kw = dict(target=call.target, labels=call.labels, w_ce=call.w_ce, w_l1=call.w_l1, extra=call.extra)
-    return head_loss(x, weight, mode="reference", **kw)
+    return head_loss(
+        x, weight, mode="reference", target=call.target, labels=call.labels, w_ce=call.w_ce, w_l1=call.w_l1,
+        extra=call.extra,
+    )  # fmt: skip
 
 
 def test_outside_column_adds_the_outside_mass_to_l1_and_changes_nothing_else():
@@ -254,6 +268,7 @@ def test_outside_column_keeps_the_normaliser_in_the_heads_dtype():
     outside = outside_logsumexp(hidden, head, t2d) + 0.01  # not a bf16 value
     call = HeadLossCall(target=Target(hidden=hidden.bfloat16(), head=head[t2d]), labels=labels, extra=(emb, w2))
     _, wide = outside_column(weight, call, outside)
+    assert wide.target is not None and wide.target.hidden is not None
     assert wide.target.hidden.dtype == torch.float32 and torch.equal(wide.target.hidden[:, -1], outside)
     assert torch.equal(wide.target.rows(0, 9, 8)[:, -1], outside)
 
@@ -265,7 +280,7 @@ def test_full_vocab_head_takes_over_the_backbone_head_without_drawing():
     model = _pruned()
     assert isinstance(model.lm_head, FullVocabHead) and tuple(model.lm_head.weight.shape) == (24, 32)
     assert "fused_loss_with_outside" in FullVocabHead.fsdp_forward_methods
-    assert type(_drafter().lm_head) is not FullVocabHead  # the shared, frozen head needs no outside column
+    assert type(dspark_drafter().lm_head) is not FullVocabHead  # the shared, frozen head needs no outside column
 
 
 # --- init_std ---------------------------------------------------------------------------------------------------
@@ -273,7 +288,7 @@ def test_full_vocab_head_takes_over_the_backbone_head_without_drawing():
 
 def _inputs():
     target_model = small_llama(V, HT, seed=4)
-    target = types.SimpleNamespace(hidden_size=HT, vocab_size=V)
+    target = cast(TargetConfig, types.SimpleNamespace(hidden_size=HT, vocab_size=V))  # what build reads of it
     return families.BuildInputs(target, target_model, TAPS, torch.arange(V, dtype=torch.float32))
 
 
@@ -318,7 +333,7 @@ def test_old_init_keeps_torch_defaults_with_a_zero_markov_w2():
 
 
 def test_normal_init_covers_every_parameter_kind():
-    model = _drafter()
+    model = dspark_drafter()
     normal_init(model, 0.5)
     for name, p in model.named_parameters():
         if name.endswith("bias"):

@@ -10,9 +10,13 @@ from draftsmith.drafters.eagle3.anchored import anchored_hidden, anchored_loss
 from draftsmith.drafters.eagle3.attention import serving_fields
 from draftsmith.drafters.eagle3.decode import greedy_generate, speculative_generate
 from draftsmith.drafters.eagle3.loss import position_mask, ttt_loss
-from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
-from tests.eagle3_chain import check_chain_matches_ttt
-from tests.small_llama import small_llama
+from draftsmith.drafters.eagle3.model import Eagle3Drafter
+from tests.support.models import MLA_FIELDS as MLA
+from tests.support.models import MLA_H as H
+from tests.support.models import MLA_HT as HT
+from tests.support.models import MLA_TAPS as TAPS
+from tests.support.models import MLA_V as V
+from tests.support.models import check_chain_matches_ttt, eagle3_mla_drafter, eagle3_mla_spec, small_llama
 
 pytestmark = pytest.mark.unit
 
@@ -26,50 +30,26 @@ YARN = {
     "mscale": 1.0,
     "mscale_all_dim": 1.0,
 }
-MLA = {"kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12}
-H, HT, TAPS, V = 32, 24, 3, 50
-
-
-def _spec(**kw) -> Eagle3Spec:
-    base = dict(
-        hidden_size=H,
-        target_hidden_size=HT,
-        num_taps=TAPS,
-        num_heads=4,
-        num_kv_heads=4,
-        head_dim=16,
-        intermediate_size=64,
-        vocab_size=V,
-        draft_vocab_size=V,
-        attention="mla",
-        mla=MLA,
-    )
-    return Eagle3Spec(**(base | kw))
-
-
-def _drafter(spec: Eagle3Spec, seed: int = 0) -> Eagle3Drafter:
-    torch.manual_seed(seed)
-    model = Eagle3Drafter(spec).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # RMSNorm weights start at one; make them count
-            p.normal_(0, 0.3)
-    return model
 
 
 def test_spec_rejects_inconsistent_attention_fields():
     with pytest.raises(ValueError, match=r"Eagle3Spec\.mla: required"):
-        _spec(mla=None)
+        eagle3_mla_spec(mla=None)
     with pytest.raises(ValueError, match=r"Eagle3Spec\.mla: given but attention is 'gqa'"):
-        _spec(attention="gqa")
+        eagle3_mla_spec(attention="gqa")
     with pytest.raises(ValueError, match=r"unknown keys \['rank'\], missing keys \['kv_lora_rank'\]"):
-        _spec(mla={k: v for k, v in MLA.items() if k != "kv_lora_rank"} | {"rank": 4})
+        eagle3_mla_spec(mla={k: v for k, v in MLA.items() if k != "kv_lora_rank"} | {"rank": 4})
     with pytest.raises(ValueError, match=r"Eagle3Spec\.attention: 'mha'"):
-        _spec(attention="mha")
-    assert serving_fields(_spec(attention="gqa", mla=None)) == {}  # the Llama EAGLE-3 config needs nothing more
+        eagle3_mla_spec(attention="mha")
+    assert (
+        serving_fields(eagle3_mla_spec(attention="gqa", mla=None)) == {}
+    )  # the Llama EAGLE-3 config needs nothing more
 
 
 def test_parameter_names_and_widths_are_what_vllm_deepseek_eagle3_loads():
-    shapes = {k: tuple(v.shape) for k, v in Eagle3Drafter(_spec(mla=MLA | {"q_lora_rank": 20})).state_dict().items()}
+    shapes = {
+        k: tuple(v.shape) for k, v in Eagle3Drafter(eagle3_mla_spec(mla=MLA | {"q_lora_rank": 20})).state_dict().items()
+    }
     attn = {k.removeprefix("midlayer.self_attn."): v for k, v in shapes.items() if "self_attn" in k}
     assert attn == {
         "q_a_proj.weight": (20, 2 * H),  # input_size = 2H in DeepseekV2Eagle3DecoderLayer
@@ -80,15 +60,15 @@ def test_parameter_names_and_widths_are_what_vllm_deepseek_eagle3_loads():
         "kv_b_proj.weight": (4 * (8 + 12), 12),
         "o_proj.weight": (H, 4 * 12),
     }
-    plain = Eagle3Drafter(_spec()).state_dict()
+    plain = Eagle3Drafter(eagle3_mla_spec()).state_dict()
     assert plain["midlayer.self_attn.q_proj.weight"].shape == (4 * 16, 2 * H)
 
 
 @pytest.mark.parametrize(("rope", "q_lora_rank"), [(None, None), (YARN, 20)], ids=["plain", "yarn-qlora"])
 def test_mla_layer_equals_hf_deepseek_v3_from_serving_fields(rope, q_lora_rank):
     """Our interleaved-RoPE MLA == HF DeepseekV3Attention configured from `serving_fields` (rope_interleave)."""
-    spec = _spec(mla=MLA | {"q_lora_rank": q_lora_rank}, rope_scaling=rope, rope_theta=500.0)
-    ours = _drafter(spec).midlayer.self_attn
+    spec = eagle3_mla_spec(mla=MLA | {"q_lora_rank": q_lora_rank}, rope_scaling=rope, rope_theta=500.0)
+    ours = eagle3_mla_drafter(spec).midlayer.self_attn
     fields = serving_fields(spec)
     assert fields["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and fields["rope_interleave"] is True
     cfg_fields = {k: v for k, v in fields.items() if k not in ("architectures", "model_type", "norm_before_residual")}
@@ -116,7 +96,7 @@ def test_mla_layer_equals_hf_deepseek_v3_from_serving_fields(rope, q_lora_rank):
 
 def test_interleaved_rope_pairs_adjacent_dims():
     """Rotating position p by p' equals position p + p' on pairs (2i, 2i+1), not on (i, i + d/2)."""
-    attn = _drafter(_spec()).midlayer.self_attn
+    attn = eagle3_mla_drafter(eagle3_mla_spec()).midlayer.self_attn
     x = torch.randn(1, 1, 2 * H).expand(1, 3, 2 * H)
     q, k, _ = attn.qkv(x, torch.tensor([0, 3, 7]))
     dn = MLA["qk_nope_head_dim"]
@@ -137,19 +117,22 @@ def test_interleaved_rope_pairs_adjacent_dims():
 @torch.no_grad()
 def test_mla_ttt_depths_equal_the_cached_inference_chain(norm_output, fc_norm, rope, q_lora_rank):
     """Depth k at position t == chain step k with the KV cache after a context of positions 0..t."""
-    spec = _spec(norm_output=norm_output, fc_norm=fc_norm, rope_scaling=rope, mla=MLA | {"q_lora_rank": q_lora_rank})
-    model = _drafter(spec)
+    spec = eagle3_mla_spec(
+        norm_output=norm_output, fc_norm=fc_norm, rope_scaling=rope, mla=MLA | {"q_lora_rank": q_lora_rank}
+    )
+    model = eagle3_mla_drafter(spec)
     S, depth = 22, 3  # S > original_max_position_embeddings (16) so YaRN's ramp is exercised
     ids = torch.randint(0, V, (1, S))
     feats = torch.randn(1, S, TAPS * HT)
     positions = range(0, S - depth - 1, 3)
     for t, cache in zip(positions, check_chain_matches_ttt(model, ids, feats, depth, positions), strict=True):
+        assert cache.k is not None and cache.v is not None
         assert cache.k.shape == (1, 4, t + depth, 16) and cache.v.shape == (1, 4, t + depth, 12)
 
 
 def test_mla_anchored_ttt_equals_dense_ttt():
     """Every position an anchor: same hidden states, loss and gradients path; sampled anchors: dense at anchors."""
-    model = _drafter(_spec(norm_output=True, rope_scaling=YARN, mla=MLA | {"q_lora_rank": 20}))
+    model = eagle3_mla_drafter(eagle3_mla_spec(norm_output=True, rope_scaling=YARN, mla=MLA | {"q_lora_rank": 20}))
     B, S, depth = 2, 20, 3
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, V, (B, S), generator=g)
@@ -167,7 +150,7 @@ def test_mla_anchored_ttt_equals_dense_ttt():
     got = anchored_loss(model, hidden, anchors, keep, last, head, mask, 0.8)
     torch.testing.assert_close(got.total, dense.total, rtol=1e-5, atol=1e-6)
     got.total.backward()
-    grad = model.midlayer.self_attn.kv_a_proj_with_mqa.weight.grad
+    grad = model.get_parameter("midlayer.self_attn.kv_a_proj_with_mqa.weight").grad
     assert grad is not None and grad.abs().sum() > 0
 
     anchors, keep = strided_anchors(loss_mask, 4, depth, max_gap=depth, generator=torch.Generator().manual_seed(2))
@@ -186,8 +169,10 @@ def _tiny_target(vocab: int):
 def test_speculative_decoding_with_an_mla_drafter_equals_target_greedy():
     vocab = 12  # small, so a random drafter's guesses are sometimes accepted and rollback is exercised
     target = _tiny_target(vocab)
-    spec = _spec(target_hidden_size=HT, vocab_size=vocab, draft_vocab_size=vocab, mla=MLA | {"q_lora_rank": 20})
-    drafter = _drafter(spec, seed=3)
+    spec = eagle3_mla_spec(
+        target_hidden_size=HT, vocab_size=vocab, draft_vocab_size=vocab, mla=MLA | {"q_lora_rank": 20}
+    )
+    drafter = eagle3_mla_drafter(spec, seed=3)
     with torch.no_grad():  # a stand-in for the shared frozen embedding (the drafter is H wide, the target Ht)
         drafter.embed_tokens.weight.copy_(torch.randn(vocab, H))
     g = torch.Generator().manual_seed(0)

@@ -3,41 +3,17 @@
 import pytest
 import torch
 
-from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from draftsmith.drafters.verify import greedy_verify
-from tests.eagle3_chain import check_chain_matches_ttt
+from tests.support.models import check_chain_matches_ttt, eagle3_drafter
 
 pytestmark = pytest.mark.unit
-
-
-def _drafter(norm_output: bool, fc_norm: bool) -> Eagle3Drafter:
-    torch.manual_seed(0)
-    spec = Eagle3Spec(
-        hidden_size=32,
-        target_hidden_size=24,
-        num_taps=3,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        intermediate_size=64,
-        vocab_size=50,
-        draft_vocab_size=50,
-        rope_theta=10000.0,
-        fc_norm=fc_norm,
-        norm_output=norm_output,
-    )
-    model = Eagle3Drafter(spec).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model
 
 
 @pytest.mark.parametrize(("norm_output", "fc_norm"), [(False, False), (True, True)])
 @torch.no_grad()
 def test_ttt_depths_equal_the_inference_chain(norm_output, fc_norm):
     """Depth k at position t == chain step k after a context of positions 0..t (teacher-forced tokens)."""
-    model = _drafter(norm_output, fc_norm)
+    model = eagle3_drafter(norm_output, fc_norm)
     S, depth = 9, 3
     ids = torch.randint(0, 50, (1, S))
     feats = torch.randn(1, S, 3 * 24)
@@ -46,7 +22,7 @@ def test_ttt_depths_equal_the_inference_chain(norm_output, fc_norm):
 
 @torch.no_grad()
 def test_ttt_position_does_not_see_the_future():
-    model = _drafter(False, False)
+    model = eagle3_drafter(False, False)
     ids = torch.randint(0, 50, (1, 8))
     feats = torch.randn(1, 8, 72)
     a = model.ttt_forward(ids, feats, 2)

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 from draftsmith.core.config import Eagle3Config
 from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from draftsmith.drafters.eagle3.target_init import init_from_target_layer
-from tests.small_llama import small_llama
+from tests.support.kernels import Tol
+from tests.support.models import small_llama
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +36,7 @@ def test_the_layer_computes_the_target_layer_on_the_sum_of_its_two_inputs():
     x = torch.randn(5, H)
     torch.testing.assert_close(dst.mlp(x), src.mlp(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dst.self_attn.o_proj(x), src.self_attn.o_proj(x))
-    close = dict(rtol=1e-4, atol=1e-4)  # the drafter's norms keep their own eps
+    close: Tol = {"rtol": 1e-4, "atol": 1e-4}  # the drafter's norms keep their own eps
     want_in = src.input_layernorm(x)
     torch.testing.assert_close(dst.input_layernorm(x), want_in, **close)
     torch.testing.assert_close(dst.hidden_norm(x), want_in, **close)

@@ -2,15 +2,13 @@
 tables holding the figures, and Prefect artifacts created only inside a run."""
 
 import base64
-import struct
 import sys
-import zlib
+from typing import Any, cast
 
-import numpy as np
 import pytest
-from matplotlib import image as mpimg
 
 from draftsmith.evals import plots, report
+from tests.support.runs import check_png, png_chunks
 
 pytestmark = pytest.mark.unit
 
@@ -52,35 +50,6 @@ SWEEPS = [
 ]
 BINS_AFTER = [(i / 10, (i + 1) / 10, i / 10 + 0.05, i / 10 + 0.04, 10 + i) for i in range(10)]
 BINS_BEFORE = [(i / 10, (i + 1) / 10, i / 10 + 0.05, (i / 10) ** 2, 0 if i == 3 else 5 + i) for i in range(10)]
-
-
-def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
-    """Walk a PNG by hand: the signature, then (length, type, data, CRC) chunks; every CRC must verify."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "no PNG signature"
-    chunks, pos = [], 8
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r} chunk"
-        chunks.append((kind, body))
-        pos += 12 + length
-    return chunks
-
-
-def check_png(path, name: str) -> None:
-    data = path.read_bytes()
-    chunks = png_chunks(data)
-    assert chunks[0][0] == b"IHDR" and len(chunks[0][1]) == 13 and chunks[-1][0] == b"IEND"
-    width, height, bit_depth, colour_type = struct.unpack(">IIBB", chunks[0][1][:10])
-    assert (width, height) == plots.PIXELS[name]
-    assert bit_depth == 8 and colour_type in (2, 6)  # 8-bit RGB or RGBA
-    pixels = mpimg.imread(path)
-    assert pixels.shape[:2] == (height, width)
-    rgb = pixels[..., :3].reshape(-1, 3)
-    assert rgb.var(axis=0).sum() > 1e-3, "the image is (nearly) a single colour"
-    packed = (rgb * 255).round().astype(np.uint32) @ np.array([1 << 16, 1 << 8, 1], dtype=np.uint32)
-    assert len(np.unique(packed)) > 20, "too few colours for a chart with axes, text and data"
 
 
 def test_every_plot_is_a_valid_png_of_the_fixed_size(tmp_path):
@@ -136,7 +105,10 @@ def test_pooled_position_acceptance_weights_by_rounds_reaching_the_position():
             r"sweeps\[0\]\['levels'\]\[0\] has no 'output_tokens_per_s'",
         ),
         (lambda p: plots.reliability_diagram([(0.5, 0.2, 0.3, 0.3, 4)], p), r"bins\[0\] needs 0 <= lo < hi"),
-        (lambda p: plots.reliability_diagram(BINS_AFTER, p, bins_before=[(0, 1, 0.5)]), r"bins_before\[0\] must be"),
+        (
+            lambda p: plots.reliability_diagram(BINS_AFTER, p, bins_before=[cast(Any, (0, 1, 0.5))]),
+            r"bins_before\[0\] must be",
+        ),
         (lambda p: plots.acc_len_by_bench([RESULTS[0], RESULTS[0]], p), "two results for drafter 'eagle3'"),
     ],
 )

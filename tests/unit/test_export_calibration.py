@@ -2,6 +2,7 @@
 
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -10,7 +11,7 @@ from draftsmith.drafters.dspark.export import extra_files
 from draftsmith.drafters.export.guards import ExportError
 
 pytestmark = pytest.mark.unit
-MODEL = SimpleNamespace(spec=SimpleNamespace(block_size=3))  # what the hook reads of the drafter
+MODEL: Any = SimpleNamespace(spec=SimpleNamespace(block_size=3))  # what the hook reads of the drafter
 BLOBS = {"config.json": json.dumps({"architectures": ["Qwen3DSparkModel"], "draftsmith": {"taps": [1]}}).encode()}
 
 
@@ -22,7 +23,8 @@ def test_the_calibration_joins_config_and_folder(tmp_path):
     config = json.loads(out["config.json"])
     assert config["confidence_temperatures"] == [1.5, 0.8, 2.0]
     assert config["draftsmith"]["taps"] == [1] and config["draftsmith"]["calibration"]["threshold"] == 0.4
-    assert read_calibration(config).temperatures == [1.5, 0.8, 2.0]
+    calibration = read_calibration(config)
+    assert calibration is not None and calibration.temperatures == [1.5, 0.8, 2.0]
     assert Calibration.from_json(out["calibration.json"]) == fitted
 
 

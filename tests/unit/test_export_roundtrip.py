@@ -3,6 +3,7 @@
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -162,8 +163,8 @@ def test_cli_export_serves_the_schedule_speedup_measured_for_this_checkpoint(tmp
     taps = list(tiny_cfg.hidden_states.taps)
     run = _fake_run(tmp_path, tiny_cfg, model, taps, taps)
     (run / "speedup").mkdir()
-    measured = {"train_key": "k" * 64, "schedule": {"per_level": {"1": 3, "2": 2, "4": 0},
-                                                     "batch_size_ranges": [[1, 1, 3], [2, 3, 2], [4, 4, 0]]}}  # fmt: skip
+    ranges = [[1, 1, 3], [2, 3, 2], [4, 4, 0]]
+    measured = {"train_key": "k" * 64, "schedule": {"per_level": {"1": 3, "2": 2, "4": 0}, "batch_size_ranges": ranges}}
     (run / "speedup" / "speedup.json").write_text(json.dumps(measured))
     argv = ["export", str(run), "--engine", "vllm", "--recipe", str(RECIPE), "--out", str(tmp_path / "v")]
 
@@ -230,7 +231,7 @@ def _dflash(embed: torch.Tensor, head: torch.Tensor, **kw):
     return model
 
 
-def _bf16_twin(model: torch.nn.Module, keep: set[str]) -> torch.nn.Module:
+def _bf16_twin(model: Any, keep: set[str]) -> Any:
     """`model` with every float rounded to bf16 except the shared tensors in `keep`."""
     twin = type(model)(model.spec).eval()
     twin.load_state_dict(
@@ -265,7 +266,7 @@ def test_dflash_export_load_identical_logits(tmp_path, kw):
     assert config["model_type"] == "qwen3" and config["num_target_layers"] == 8
     assert config["dflash_config"]["target_layer_ids"] == [1, 3, 6]
     assert config["dflash_config"]["mask_token_id"] == 7 and config["block_size"] == 4
-    assert bundle.method_module("dflash").num_speculative_tokens(config) == 3
+    assert bundle.method_module("dflash").num_speculative_tokens(config, None) == 3
     if dflash2:
         assert {k: config["dflash_config"][k] for k in kw} == kw
     tensors, _ = tensorio.loads(blobs["model.safetensors"])
@@ -326,7 +327,7 @@ def test_dspark_export_load_identical_outputs(tmp_path, kw, engine):
         assert config["dflash_config"]["target_layer_ids"] == [1, 3, 6]
     else:
         assert "dflash_config" not in config
-    assert bundle.method_module("dspark").num_speculative_tokens(config) == 4
+    assert bundle.method_module("dspark").num_speculative_tokens(config, None) == 4
     folder = bundle.write_folder(tmp_path / "dspark", blobs)
     loaded, loaded_taps = dspark_export.load_drafter(str(folder), embed, head)
     assert loaded_taps == taps

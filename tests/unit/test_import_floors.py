@@ -69,7 +69,8 @@ def violations(root: Path, packages: dict[str, str], floors) -> list[str]:
     known = modules(root, packages)
     package_of = {name: max((p for p in packages if name == p or name.startswith(p + ".")), key=len) for name in known}
     floor = {p: i for i, (_, members) in enumerate(floors) for p in members}
-    bad, graph = [], {name: set() for name in known}
+    bad: list[str] = []
+    graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         where = path.relative_to(root)
         for target, line, written in imports(path, name, known):

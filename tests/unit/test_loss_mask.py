@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 from draftsmith.core.target_setup import ensure_smollm2
 from draftsmith.tasks.tokenization import assistant_spans, encode
+from tests.support.runs import encoded
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +41,7 @@ def _masked_runs(tok, enc) -> list[str]:
 
 
 def test_every_assistant_turn_and_only_those(tok):
-    enc = encode(tok, CONVERSATION, max_length=4096, last_turn_only=False)
+    enc = encoded(tok, CONVERSATION, max_length=4096, last_turn_only=False)
     assert _masked_runs(tok, enc) == ["4.<|im_end|>\n", "Eight, since 4 x 2 = 8.<|im_end|>\n"]
     # The prompt side (system, user turns, the assistant headers) carries no loss.
     text = tok.decode(enc.input_ids[enc.loss_mask == 0])
@@ -48,13 +49,13 @@ def test_every_assistant_turn_and_only_those(tok):
 
 
 def test_last_turn_only(tok):
-    enc = encode(tok, CONVERSATION, max_length=4096, last_turn_only=True)
+    enc = encoded(tok, CONVERSATION, max_length=4096, last_turn_only=True)
     assert _masked_runs(tok, enc) == ["Eight, since 4 x 2 = 8.<|im_end|>\n"]
 
 
 def test_truncation_keeps_the_prefix_and_flags_it(tok):
-    full = encode(tok, CONVERSATION, max_length=4096, last_turn_only=False)
-    cut = encode(tok, CONVERSATION, max_length=len(full.input_ids) - 5, last_turn_only=False)
+    full = encoded(tok, CONVERSATION, max_length=4096, last_turn_only=False)
+    cut = encoded(tok, CONVERSATION, max_length=len(full.input_ids) - 5, last_turn_only=False)
     assert cut.truncated and not full.truncated
     assert np.array_equal(cut.input_ids, full.input_ids[:-5]) and np.array_equal(cut.loss_mask, full.loss_mask[:-5])
 
@@ -77,10 +78,10 @@ def test_template_that_rewrites_history_is_refused(tok):
 
 
 def test_truncation_policies(tok):
-    full = encode(tok, CONVERSATION, max_length=4096, last_turn_only=False)
+    full = encoded(tok, CONVERSATION, max_length=4096, last_turn_only=False)
     limit = len(full.input_ids) - 5
     assert encode(tok, CONVERSATION, max_length=limit, last_turn_only=False, truncation="drop") is None
-    kept = encode(tok, CONVERSATION, max_length=limit, last_turn_only=False, truncation="keep_last_turns")
+    kept = encoded(tok, CONVERSATION, max_length=limit, last_turn_only=False, truncation="keep_last_turns")
     # The first exchange is gone, the system prompt and the whole last turn stay.
     assert kept.truncated and len(kept.input_ids) <= limit
     text = tok.decode(kept.input_ids)
@@ -170,7 +171,7 @@ def test_a_template_refusing_the_shortened_conversation_rejects_that_row_only(to
         def template_sha256(self):
             return self.inner.template_sha256()
 
-    full = encode(tok, CONVERSATION, max_length=4096, last_turn_only=False)
+    full = encoded(tok, CONVERSATION, max_length=4096, last_turn_only=False)
     rows = [ConversationRow("long", "x", CONVERSATION, None), ConversationRow("short", "x", CONVERSATION[:3], None)]
     opts = Options(len(full.input_ids) - 5, "keep_last_turns", False, 0)
     long_row, short_row = encode_conversations(tok, RefusesShortened(), rows, opts)

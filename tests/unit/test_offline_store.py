@@ -1,48 +1,20 @@
 """The offline store: shards of many samples, index and dataset.json, commit-then-index, resume, reads."""
 
 import json
+from typing import Any
 
 import fsspec
 import pytest
-import torch
 
 from draftsmith.core import storage
 from draftsmith.transport import offline_reader
 from draftsmith.transport.offline_reader import OfflineDataset, PrefetchLoader
-from draftsmith.transport.offline_store import COMMITS, ShardWriter, StoreInfo, shard_name, write_store
-from draftsmith.transport.sample import HiddenSample, StoreCodec, decode, encode
+from draftsmith.transport.offline_store import COMMITS, ShardWriter, shard_name, write_store
+from draftsmith.transport.sample import StoreCodec, decode, encode
+from tests.support.runs import STORE_TAPS as TAPS
+from tests.support.runs import assert_same_sample, store_info, store_samples
 
 pytestmark = pytest.mark.unit
-TAPS, H = 3, 8
-
-
-def samples(n: int, seed: int = 0) -> list[HiddenSample]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        seq = int(torch.randint(3, 30, (1,), generator=g))
-        mask = torch.rand(seq, generator=g) > 0.4
-        out.append(
-            HiddenSample(
-                id=f"row-{i}",
-                input_ids=torch.randint(0, 50_000, (seq,), generator=g),
-                loss_mask=mask,
-                hidden_states=torch.randn(seq, TAPS * H, generator=g),
-                last_hidden=torch.randn(seq, H, generator=g),
-            )
-        )
-    return out
-
-
-def info(codec: StoreCodec) -> StoreInfo:
-    return StoreInfo(codec=codec, taps=[1, 2, 3], hidden_size=H, target="unit", tokenizer_sha256="abc")
-
-
-def assert_same(a: HiddenSample, b: HiddenSample) -> None:
-    assert a.id == b.id
-    for name in ("input_ids", "loss_mask", "hidden_states", "last_hidden"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert x.dtype == y.dtype and torch.equal(x, y), name
 
 
 CODECS = [
@@ -56,8 +28,8 @@ CODECS = [
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_every_sample_reads_back_exactly_as_encoded(tmp_path, codec, where):
     uri = str(tmp_path / "store") if where == "local" else f"memory://store-{codec.dtype}-{codec.positions}"
-    data = samples(11)
-    dataset = write_store(uri, info(codec), data, shard_samples=4)
+    data = store_samples(11)
+    dataset = write_store(uri, store_info(codec), data, shard_samples=4)
     assert [s["samples"] for s in dataset["shards"]] == [4, 4, 3]
     assert dataset["samples"] == 11 and dataset["tokens"] == sum(len(s.input_ids) for s in data)
     ds = OfflineDataset(uri)
@@ -65,7 +37,7 @@ def test_every_sample_reads_back_exactly_as_encoded(tmp_path, codec, where):
         ds.info.codec == codec and ds.info.tokenizer_sha256 == "abc" and ds.lengths == [len(s.input_ids) for s in data]
     )
     for i, s in enumerate(data):
-        assert_same(ds[i], decode(s.id, encode(s, codec), codec))
+        assert_same_sample(ds[i], decode(s.id, encode(s, codec), codec))
     ds.verify()
     index = storage.read_jsonl(storage.join(uri, "index.jsonl"))
     assert index[5]["shard"] == shard_name(1) and index[5]["row"] == 1
@@ -76,9 +48,9 @@ def test_every_sample_reads_back_exactly_as_encoded(tmp_path, codec, where):
 
 def test_ranged_reads_fetch_only_the_sample(monkeypatch):
     uri = "memory://ranged"
-    data = samples(9, seed=3)
-    write_store(uri, info(CODECS[0]), data, shard_samples=9)
-    fetched = []
+    data = store_samples(9, seed=3)
+    write_store(uri, store_info(CODECS[0]), data, shard_samples=9)
+    fetched: list[Any] = []
     real = storage.read_ranges
 
     def spy(url, ranges):
@@ -98,20 +70,20 @@ def test_ranged_reads_fetch_only_the_sample(monkeypatch):
     fetched.clear()
     ds[5]
     assert sum(fetched) == sum(encode(data[5], CODECS[0])[n].nbytes for n in ("hidden_states", "last_hidden"))
-    assert_same(sample, decode(data[4].id, encode(data[4], CODECS[0]), CODECS[0]))
+    assert_same_sample(sample, decode(data[4].id, encode(data[4], CODECS[0]), CODECS[0]))
     fsspec.filesystem("memory").rm("/ranged", recursive=True)
 
 
 def test_resume_continues_after_the_last_committed_shard_and_ignores_a_partial_one(tmp_path):
     uri, codec = str(tmp_path / "store"), CODECS[1]
-    data = samples(10, seed=1)
-    one_shot = write_store(str(tmp_path / "ref"), info(codec), data, shard_samples=3)
+    data = store_samples(10, seed=1)
+    one_shot = write_store(str(tmp_path / "ref"), store_info(codec), data, shard_samples=3)
 
-    writer = ShardWriter(uri, info(codec), 3)
+    writer = ShardWriter(uri, store_info(codec), 3)
     for s in data[:7]:  # shards 0 and 1 committed, one sample pending: the process "dies" here
         writer.add(s)
     storage.write_bytes(storage.join(uri, shard_name(2)), b"torn shard from a crash before its commit")
-    resumed = ShardWriter(uri, info(codec), 3)
+    resumed = ShardWriter(uri, store_info(codec), 3)
     assert resumed.committed_samples == 6 and not storage.exists(storage.join(uri, COMMITS, "00002.json"))
     for s in data[resumed.committed_samples :]:
         resumed.add(s)
@@ -122,7 +94,7 @@ def test_resume_continues_after_the_last_committed_shard_and_ignores_a_partial_o
 
 def test_a_gap_in_commits_and_corruption_are_named(tmp_path):
     uri = str(tmp_path / "store")
-    write_store(uri, info(CODECS[0]), samples(6), shard_samples=2)
+    write_store(uri, store_info(CODECS[0]), store_samples(6), shard_samples=2)
     blob = bytearray(storage.read_bytes(storage.join(uri, shard_name(1))))
     blob[-1] ^= 0xFF
     storage.write_bytes(storage.join(uri, shard_name(1)), bytes(blob))
@@ -130,7 +102,7 @@ def test_a_gap_in_commits_and_corruption_are_named(tmp_path):
         OfflineDataset(uri).verify()
     storage.remove_tree(storage.join(uri, COMMITS, "00001.json"))
     with pytest.raises(ValueError, match="shard 1 is missing but shard 2 is committed"):
-        ShardWriter(uri, info(CODECS[0]), 2)
+        ShardWriter(uri, store_info(CODECS[0]), 2)
     with pytest.raises(FileNotFoundError, match="no dataset.json"):
         OfflineDataset(str(tmp_path / "nowhere"))
     meta = json.loads(storage.read_bytes(storage.join(uri, "dataset.json")))
@@ -141,12 +113,12 @@ def test_a_gap_in_commits_and_corruption_are_named(tmp_path):
 
 def test_prefetch_loader_yields_the_planned_batches_in_order(tmp_path):
     uri = str(tmp_path / "store")
-    data = samples(12, seed=2)
-    write_store(uri, info(CODECS[0]), data, shard_samples=5)
+    data = store_samples(12, seed=2)
+    write_store(uri, store_info(CODECS[0]), data, shard_samples=5)
     ds = OfflineDataset(uri)
     plan = [[3, 0], [11], [5, 6, 7], [1, 2, 4, 8, 9, 10]]
     got = list(PrefetchLoader(ds, plan, workers=2, prefetch=2))
     assert [[s.id for s in b] for b in got] == [[f"row-{i}" for i in b] for b in plan]
     for batch, idx in zip(got, plan, strict=True):
         for s, i in zip(batch, idx, strict=True):
-            assert_same(s, ds[i])
+            assert_same_sample(s, ds[i])

@@ -1,11 +1,8 @@
 """OpenAIEngine against a real HTTP server on 127.0.0.1: retries, errors, parsing, concurrency, secrets."""
 
-import json
 import logging
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from pydantic import ValidationError
@@ -15,6 +12,8 @@ from draftsmith.core.retry import is_transient
 from draftsmith.engines.base import ChatRequest, SamplingParams, TargetEngine
 from draftsmith.engines.factory import make_engine
 from draftsmith.engines.openai_http import EngineRequestError, EngineUnavailableError, OpenAIEngine
+from tests.support.openai_server import ChatServer, Request
+from tests.support.openai_server import Reply as ChatReply
 
 pytestmark = pytest.mark.unit
 
@@ -34,60 +33,17 @@ def ok(content: str = "hi", n: int = 1, **message) -> dict:
     return {"choices": choices, "usage": {"prompt_tokens": 3, "completion_tokens": 5 * n}}
 
 
-class Server:
-    """A chat-completions server whose reply to the k-th request is `script(k, body)`."""
-
-    def __init__(self, script: Callable[[int, dict], Reply]) -> None:
-        self.script = script
-        self.requests: list[dict] = []  # {"body", "auth", "t"}
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with outer.lock:
-                    k = len(outer.requests)
-                    outer.requests.append({"body": body, "auth": self.headers.get("Authorization"), "t": time.time()})
-                    outer.in_flight += 1
-                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
-                try:
-                    status, headers, payload, wait = outer.script(k, body)
-                    time.sleep(wait)
-                    data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
-                    self.send_response(status)
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out and hung up
-                finally:
-                    with outer.lock:
-                        outer.in_flight -= 1
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def serve():
-    servers: list[Server] = []
+    """Start a `ChatServer` whose reply to the k-th request is `script(k, body)`."""
+    servers: list[ChatServer] = []
 
-    def start(script: Callable[[int, dict], Reply]) -> Server:
-        servers.append(Server(script))
+    def start(script: Callable[[int, dict], Reply]) -> ChatServer:
+        def respond(request: Request) -> ChatReply:
+            status, headers, body, wait = script(request.index, request.body)
+            return ChatReply(status, body, headers, wait)
+
+        servers.append(ChatServer(respond))
         return servers[-1]
 
     yield start
@@ -95,7 +51,7 @@ def serve():
         s.close()
 
 
-def engine(server: Server, **kw) -> OpenAIEngine:
+def engine(server: ChatServer, **kw) -> OpenAIEngine:
     return OpenAIEngine(server.url, "target-model", **({"backoff_s": 0.01, "timeout_s": 5} | kw))
 
 
@@ -107,7 +63,7 @@ def test_429_then_503_then_ok_retries_and_honours_retry_after(serve, caplog):
         [[c]] = engine(server).chat(HELLO, PARAMS)
     assert c.text == "hi0" and c.finish_reason == "stop" and c.num_tokens == 5
     assert len(server.requests) == 3
-    times = [r["t"] for r in server.requests]
+    times = [r.t for r in server.requests]
     assert times[1] - times[0] >= 0.95  # Retry-After: 1, far above the 0.01 s backoff
     assert time.time() - start < 5
     assert "HTTP 429" in caplog.text and "HTTP 503" in caplog.text
@@ -116,7 +72,7 @@ def test_429_then_503_then_ok_retries_and_honours_retry_after(serve, caplog):
 def test_backoff_grows_exponentially_with_jitter(serve):
     server = serve(lambda k, body: (503, {}, "busy", 0) if k < 3 else (200, {}, ok(), 0))
     engine(server, backoff_s=0.1).chat(HELLO, PARAMS)
-    t = [r["t"] for r in server.requests]
+    t = [r.t for r in server.requests]
     gaps = [b - a for a, b in zip(t, t[1:], strict=False)]
     # Delays are backoff * 2**attempt * [0.5, 1.5): 0.05-0.15, 0.1-0.3, 0.2-0.6 s.
     assert 0.05 <= gaps[0] < 0.35 and 0.1 <= gaps[1] < 0.5 and 0.2 <= gaps[2] < 0.8
@@ -193,7 +149,7 @@ def test_sampling_fields_tools_and_extra_body_reach_the_server(serve):
     extra = {"thinking": True, "thinking_effort": "max", "chat_template_kwargs": {"enable_thinking": True}}
     params = SamplingParams(max_tokens=77, temperature=0.6, top_p=0.9, seed=11, extra_body=extra)
     engine(server).chat([ChatRequest(messages=history, tools=tools)], params)
-    body = server.requests[0]["body"]
+    body = server.requests[0].body
     assert {k: body[k] for k in ("model", "temperature", "top_p", "max_tokens", "n", "seed")} == {
         "model": "target-model",
         "temperature": 0.6,
@@ -221,7 +177,7 @@ def test_api_key_is_a_bearer_token_and_never_described_or_logged(serve, caplog):
     eng = OpenAIEngine(server.url, "target-model", api_key=SECRET, backoff_s=0.01)
     with caplog.at_level(logging.DEBUG):
         eng.chat(HELLO, PARAMS)
-    assert {r["auth"] for r in server.requests} == {f"Bearer {SECRET}"}
+    assert {r.auth for r in server.requests} == {f"Bearer {SECRET}"}
     described = eng.describe()
     assert described == {"engine": "openai", "model": "target-model", "base_url": server.url}
     assert "HTTP 503" in caplog.text and SECRET not in caplog.text
@@ -254,7 +210,7 @@ def test_factory_reads_the_api_key_from_the_named_env_var(serve, monkeypatch):
     eng = make_engine(cfg, TARGET)
     assert isinstance(eng, OpenAIEngine) and eng.concurrency == 2
     eng.chat(HELLO, PARAMS)
-    assert server.requests[0]["auth"] == f"Bearer {SECRET}"
+    assert server.requests[0].auth == f"Bearer {SECRET}"
 
 
 @pytest.mark.parametrize(

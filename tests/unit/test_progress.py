@@ -4,6 +4,7 @@ import contextvars
 import json
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ class Clock:
 
 
 def test_updates_are_throttled_and_the_final_100_always_goes():
-    clock, sent = Clock(), []
+    clock, sent = Clock(), list[Any]()
     p = Progress(1000, sent.append, min_interval_s=2.0, clock=clock)
     for i in range(1, 1000):  # one update per unit, 10 ms apart: about 10 s in all
         clock.t += 0.01
@@ -39,7 +40,7 @@ def test_updates_are_throttled_and_the_final_100_always_goes():
 
 
 def test_unchanged_percentages_are_not_sent():
-    clock, sent = Clock(), []
+    clock, sent = Clock(), list[Any]()
     p = Progress(10_000, sent.append, clock=clock)
     for _ in range(5):
         clock.t += 10
@@ -51,7 +52,7 @@ def test_unchanged_percentages_are_not_sent():
 
 
 def test_unknown_total_shows_zero_until_set():
-    clock, sent = Clock(), []
+    clock, sent = Clock(), list[Any]()
     p = Progress(None, sent.append, clock=clock)
     clock.t += 5
     p.update(7)
@@ -120,13 +121,18 @@ def test_updates_from_another_thread_run_in_the_creating_context(monkeypatch):
     from prefect import artifacts
 
     marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="none")
-    seen: list[tuple[str, float]] = []
+    seen: list[tuple[str, str, float]] = []
     monkeypatch.setattr(ui, "in_prefect_run", lambda: True)
     monkeypatch.setattr(artifacts, "create_progress_artifact", lambda progress, key, description: f"id-{key}")
     monkeypatch.setattr(artifacts, "update_progress_artifact", lambda aid, pct: seen.append((marker.get(), aid, pct)))
     marker.set("task-run")
     p = stage_progress("train", "/runs/Tiny_CPU/train", 4, "optimizer steps", unit="step")
-    worker = threading.Thread(target=lambda: (p.update(2), p.finish()))
+
+    def work() -> None:
+        p.update(2)
+        p.finish()
+
+    worker = threading.Thread(target=work)
     worker.start()
     worker.join()
     # 50 % came within 2 s of the creation, so only the final 100 % went out; from the run's context.
@@ -162,7 +168,7 @@ def _manifest(created_at: datetime) -> StageManifest:
         stage="regenerate",
         key="ab" * 32,
         uri="/runs/tiny-cpu/regenerate",
-        files=[FileEntry(name=f"conversations-{i:05d}.jsonl", bytes=1536 * (i + 1), sha256="0") for i in range(7)],
+        files=[FileEntry(name=f"conversations-{i:05d}.jsonl", bytes=1536 * (i + 1), digest="0") for i in range(7)],
         counts={"prompts": 18, "conversations": 15, "dropped.empty_answer": 2, "dropped.truncated": 1},
         metrics={"bytes_per_token": 12.5},
         info={"engine": "hf", "sampling": json.dumps({"temperature": 0.7, "note": "a|b"})},

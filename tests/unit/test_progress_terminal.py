@@ -6,11 +6,13 @@ import os
 import re
 import sys
 import time
+from typing import Any, cast
 
 import pytest
 
 from draftsmith.core import progress as progress_mod
 from draftsmith.core.progress import MODE_ENV, Progress, stage_progress
+from draftsmith.drafters.speculative import GREEDY
 from draftsmith.evals import harness
 from draftsmith.evals.records import BenchPrompt
 from draftsmith.tasks import prompt_filters, prompt_pool
@@ -141,7 +143,7 @@ def test_never_from_a_torchrun_rank(monkeypatch):
 
 
 def test_the_prefect_sink_stays_throttled_while_the_bar_draws():
-    clock, sent, tty = Clock(), [], FakeTTY()
+    clock, sent, tty = Clock(), list[Any](), FakeTTY()
     p = Progress(1000, sent.append, desc="hidden_states", unit="sample", stream=tty, clock=clock)
     for i in range(1, 1000):  # one update per unit, 10 ms apart on the sink's clock: about 10 s in all
         clock.t += 0.01
@@ -158,7 +160,7 @@ def test_stage_progress_names_the_bar_after_the_stage(monkeypatch):
     p = stage_progress("hidden_states", "/runs/tiny-cpu/hidden_states", 4, "samples captured", unit="sample")
     assert not p.enabled, "no Prefect run here"
     _run(p, [1])
-    assert re.search(r"hidden_states: 100%\|.*\| 4/4 \[.*sample/s\]", sys.stderr.getvalue())
+    assert re.search(r"hidden_states: 100%\|.*\| 4/4 \[.*sample/s\]", cast(io.StringIO, sys.stderr).getvalue())
 
 
 def test_log_lines_go_above_an_open_bar_and_the_handlers_come_back():
@@ -225,10 +227,11 @@ def test_training_steps_and_loss_reach_the_bar():
 def test_evaluation_reports_every_batch_of_prompts(monkeypatch):
     """`draftsmith eval` reported once per benchmark; now once per batch of prompts decoded."""
     monkeypatch.setattr(harness, "_run_group", lambda target, tok, decoder, group, s, eos: [])
-    settings = harness.EvalSettings(sampling=None, rule="greedy", max_new_tokens=4, g=3, batch_size=2)
+    settings = harness.EvalSettings(sampling=GREEDY, rule="greedy", max_new_tokens=4, g=3, batch_size=2)
     prompts = [BenchPrompt(f"p{i}", "chat", ["hi"], None, "b") for i in range(5)]
     calls: list[int] = []
-    harness.run_prompts(None, None, None, prompts, settings, set(), calls.append)
+    nothing: Any = None  # `_run_group` is replaced: no target, tokenizer or decoder is used
+    harness.run_prompts(nothing, nothing, nothing, prompts, settings, set(), calls.append)
     assert calls == [2, 2, 1]
 
 
@@ -288,7 +291,7 @@ def test_the_sweep_counts_levels_as_their_result_files_appear(monkeypatch, tmp_p
     )
     cfg = SweepConfig(concurrency=(1, 2, 4), requests_per_level=4)
     sweep._drive([sys.executable, "-c", script, str(tmp_path)], {}, tmp_path / "bench.log", cfg, tmp_path, "sweep (x)")
-    states = re.findall(r"sweep \(x\):\s+\d+%\|[^|]*\| (\d)/3 \[", sys.stderr.getvalue())
+    states = re.findall(r"sweep \(x\):\s+\d+%\|[^|]*\| (\d)/3 \[", cast(io.StringIO, sys.stderr).getvalue())
     assert states[:1] == ["0"] and "1" in states and "2" in states, states
     assert states[-1] == "3", "finish closes the bar at the total"
     assert states.index("2") > states.index("1")

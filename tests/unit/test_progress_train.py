@@ -3,6 +3,7 @@
 import json
 import logging
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ class Recording(logging.Logger):
 
 
 def test_steps_are_read_from_rank0_lines_and_still_logged():
-    inner, sent = Recording(), []
+    inner, sent = Recording(), list[Any]()
     progress = Progress(None, sent.append, min_interval_s=0.0)
     tracker = StepProgress(inner, progress, max_steps=None)
     lines = [

@@ -9,7 +9,7 @@ import pytest
 
 from draftsmith.core.config.select import SYNTHETIC_CATEGORIES
 from draftsmith.tasks import prompt_filters as pf
-from draftsmith.tasks.prompt_pool import CATEGORIES, PromptRecord
+from draftsmith.tasks.prompt_pool import PromptRecord, synthetic_pool
 
 pytestmark = pytest.mark.unit
 
@@ -33,8 +33,11 @@ def _distinct(n: int, category: str = "c", prefix: str = "") -> list[PromptRecor
     ]
 
 
-def test_synthetic_categories_match_the_pool() -> None:
-    assert SYNTHETIC_CATEGORIES == CATEGORIES
+def test_the_synthetic_pool_writes_every_category_the_recipe_accepts_and_no_other() -> None:
+    # The recipe's `select.mix` is checked against SYNTHETIC_CATEGORIES; the pool must draw exactly those.
+    pool = synthetic_pool(10 * len(SYNTHETIC_CATEGORIES), seed=0)
+    assert Counter(r.category for r in pool) == {c: 10 for c in SYNTHETIC_CATEGORIES}
+    assert {r.category for r in synthetic_pool(12, seed=0, mix={"coding": 1.0})} == {"coding"}
 
 
 def test_exact_dedupe_ignores_case_and_spacing() -> None:

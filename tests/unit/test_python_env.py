@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from draftsmith.core import procs
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = "import importlib.util; s = importlib.util.find_spec('kernels'); print(s.origin if s else None)"

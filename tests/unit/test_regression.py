@@ -2,6 +2,8 @@
 
 import json
 import math
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import pytest
 from pydantic import ValidationError
@@ -10,17 +12,19 @@ from draftsmith import cli
 from draftsmith.core.config import NightlyConfig, load_recipe
 from draftsmith.core.config.nightly import Bands
 from draftsmith.tasks import regression
-from tests.conftest import RECIPES
+from tests.support.paths import RECIPES
 
 pytestmark = pytest.mark.unit
 BANDS = Bands(loss_rel=0.03, acc_len_abs=0.08, curve_windows=6, min_loss_drop=0.05)
 
 
-def _records(losses: list[float | None], skipped: set[int] = frozenset()) -> list[dict]:
+def _records(losses: Sequence[float | None], skipped: AbstractSet[int] = frozenset()) -> list[dict]:
     return [{"step": i + 1, "loss": v, "skipped": i + 1 in skipped} for i, v in enumerate(losses)]
 
 
-def _figures(losses: list[float | None], acc_len: float = 1.5, mismatched: int | None = 0, **kw) -> regression.Figures:
+def _figures(
+    losses: Sequence[float | None], acc_len: float = 1.5, mismatched: int | None = 0, **kw
+) -> regression.Figures:
     return regression.Figures(
         **regression.loss_figures(_records(losses, **kw), BANDS.curve_windows),
         acc_len=acc_len,

@@ -4,15 +4,17 @@ as they are in the models those templates come from)."""
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
 
 from draftsmith.core.target_setup import ensure_smollm2
 from draftsmith.tasks.renderers import ChatTemplateRenderer, KimiRenderer, assistant_spans, get_renderer
-from draftsmith.tasks.tokenization import encode
+from tests.support.runs import encoded as encode
 
 pytestmark = pytest.mark.unit
+
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
 
@@ -23,7 +25,7 @@ CONV = [
     {"role": "user", "content": "And doubled?"},
     {"role": "assistant", "content": "Eight."},
 ]
-TOOLS = [
+TOOLS: list[dict] = [
     {
         "type": "function",
         "function": {
@@ -34,7 +36,7 @@ TOOLS = [
     }
 ]
 CALL = {"id": "functions.add:0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
-KIMI_CONV = [
+KIMI_CONV: list[dict] = [
     {"role": "system", "content": "You can call tools."},
     {"role": "user", "content": "What is 2 + 3?"},
     {"role": "assistant", "content": "", "reasoning_content": "I should call add.", "tool_calls": [CALL]},
@@ -177,7 +179,10 @@ def test_python_kimi_renderer_equals_the_jinja_template(kimi, thinking):
 
 def test_kimi_renderer_serialises_dict_arguments_like_tojson(kimi):
     call = {**CALL, "function": {"name": "add", "arguments": {"a": 2, "b": "ü"}}}
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    messages: list[dict] = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
     python = KimiRenderer(kimi, thinking=False).render(messages, None, add_generation_prompt=False)
     assert python == kimi.apply_chat_template(messages, tokenize=False, enable_thinking=False)
     assert json.dumps({"a": 2, "b": "ü"}, ensure_ascii=False) in python
@@ -202,7 +207,7 @@ def _varied(n: int, seed: int, *, tools: bool) -> list:
 
     convs = []
     for i in range(n):
-        messages = [{"role": "system", "content": text(6)}] if rng.random() < 0.5 else []
+        messages: list[dict] = [{"role": "system", "content": text(6)}] if rng.random() < 0.5 else []
         for t in range(rng.randint(1, 3)):
             messages.append({"role": "user", "content": text(8)})
             if tools and rng.random() < 0.3:
@@ -231,6 +236,7 @@ def test_fast_spans_equal_the_reference_bitwise(request, fixture, renderer, tool
     assert probe_spans(r) is not None
     convs = _varied(200, seed=len(fixture) + thinking, tools=tools)
     quick = spans_fast(r, convs, last_turn_only=False)
+    assert quick is not None
     assert 0.7 * len(convs) < sum(x is not None for x in quick) < len(convs)  # mostly fast, some fall back
     rows = [ConversationRow(f"r{i}", "c", m, t) for i, (m, t) in enumerate(convs)]
     for last in (False, True):
@@ -263,10 +269,10 @@ def _varied_conversations(n: int, seed: int) -> list:
     texts = ["Hi", "  lead and trail  \n", "<b>x</b> & \"q\" 'a'", "naïve — ünï 😀", "", "a\n\nb", "{{ not jinja }}"]
     out = []
     for k in range(n):
-        msgs = [{"role": "system", "content": rng.choice(texts)}] if rng.random() < 0.4 else []
+        msgs: list[dict] = [{"role": "system", "content": rng.choice(texts)}] if rng.random() < 0.4 else []
         for t in range(rng.randint(1, 3)):
             msgs.append({"role": "user", "content": rng.choice(texts) + str(t)})
-            answer = {"role": "assistant", "content": rng.choice(texts + [None])}
+            answer: dict[str, Any] = {"role": "assistant", "content": rng.choice([*texts, None])}
             if rng.random() < 0.5:
                 answer[rng.choice(["reasoning_content", "reasoning", "thinking"])] = rng.choice(texts)
             if rng.random() < 0.3:
@@ -300,7 +306,7 @@ def test_jinja_renderer_equals_apply_chat_template(name, thinking, request):
         for conv in convs:
             try:
                 expected = ref.render_many([conv], add_generation_prompt=gen)
-            except Exception as e:  # noqa: BLE001 - the light renderer must fail alike
+            except Exception as e:  # the light renderer must fail alike
                 with pytest.raises(type(e)):
                     ours.render_many([conv], add_generation_prompt=gen)
                 continue
@@ -331,8 +337,13 @@ def test_trust_remote_code_reaches_the_tokenizer_of_code_shipping_models(tmp_pat
     from draftsmith.tasks.token_encode import load_tokenizer
 
     (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "TikTokenTokenizer"}')
-    seen = []
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: seen.append(kw) or "tok")
+    seen: list[dict] = []
+
+    def from_pretrained(path: str, **kw: Any) -> str:
+        seen.append(kw)
+        return "tok"
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
     assert load_tokenizer(str(tmp_path), trust_remote_code=True) == "tok"
     assert load_tokenizer(str(tmp_path)) == "tok"
     assert seen == [{"trust_remote_code": True}, {"trust_remote_code": False}]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from draftsmith import cli
+from draftsmith.drafters.eagle3.model import Eagle3Drafter
 from draftsmith.drafters.export import bundle, engines
 
 pytestmark = pytest.mark.unit
@@ -144,7 +145,7 @@ def test_platform_defaults_to_cuda_visibility(monkeypatch):
     assert (args.platform, args.port) == ("cpu", 9)
 
 
-def _eagle3() -> torch.nn.Module:
+def _eagle3() -> Eagle3Drafter:
     from draftsmith.drafters import vocab
     from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 

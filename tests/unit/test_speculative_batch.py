@@ -13,8 +13,9 @@ from draftsmith.drafters.dflash.decode import BlockProposer
 from draftsmith.drafters.speculative import plain_decode, speculative_decode
 from draftsmith.drafters.speculative_batch import plain_decode_batch, speculative_decode_batch
 from draftsmith.drafters.verify import Sampling
-from tests.small_llama import small_llama
-from tests.unit.test_dflash_decode import SMALL, TAPS, _drafter
+from tests.support.models import DFLASH_TAPS as TAPS
+from tests.support.models import DFLASH_VARIANTS as SMALL
+from tests.support.models import dflash_drafter, small_llama
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +46,7 @@ def test_plain_batch_equals_plain_per_row(target):
 
 @pytest.mark.parametrize("case", ["dflash2", "dspark-like"])
 def test_greedy_batch_equals_batch_one_round_for_round(target, case):
-    drafter = _drafter(12, 24, seed=3, **SMALL[case])
+    drafter = dflash_drafter(12, 24, seed=3, **SMALL[case])
     if case == "dspark-like":
         drafter.d2t.copy_(torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
         drafter.t2d.zero_()
@@ -63,7 +64,7 @@ def test_greedy_batch_equals_batch_one_round_for_round(target, case):
 
 
 def test_sampled_batch_draws_what_batch_one_draws(target):
-    drafter = _drafter(12, 24, seed=3, **SMALL["dflash2"])
+    drafter = dflash_drafter(12, 24, seed=3, **SMALL["dflash2"])
     prompts, sampling = _prompts(), Sampling(temperature=1.0, top_p=0.95)
     got = speculative_decode_batch(
         target, TAPS, [BlockProposer(drafter) for _ in prompts], prompts, max_new=20, eos=set(), sampling=sampling,

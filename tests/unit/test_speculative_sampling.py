@@ -15,13 +15,11 @@ from draftsmith.drafters.eagle3.decode import greedy_generate
 from draftsmith.drafters.eagle3.decode import speculative_generate as chain_generate
 from draftsmith.drafters.speculative import plain_decode
 from draftsmith.drafters.verify import Sampling, warp
-from tests.small_llama import small_llama
-from tests.unit.test_dflash_decode import _drafter as dflash_drafter
-from tests.unit.test_dspark_model import TAPS3
-from tests.unit.test_dspark_model import _random_drafter as dspark_drafter
-from tests.unit.test_eagle3_mla import _drafter as eagle_drafter
-from tests.unit.test_eagle3_mla import _spec as eagle_spec
-from tests.unit.test_verify import _chi_square
+from tests.support.models import TAPS3, dflash_drafter, small_llama
+from tests.support.models import eagle3_mla_drafter as eagle_drafter
+from tests.support.models import eagle3_mla_spec as eagle_spec
+from tests.support.models import random_dspark as dspark_drafter
+from tests.support.stats import chi_square
 
 pytestmark = pytest.mark.unit
 V, N, L = 12, 400, 2
@@ -66,7 +64,7 @@ def test_sampled_speculative_decoding_follows_the_target_law(target, kind, rule)
             out = generate(target, prompt, max_new=L, eos=set(), sampling=SAMPLING, rule=rule, generator=g)
             counts[out.tokens[0], out.tokens[1]] += 1
             accepted, rounds = accepted + out.accepted, rounds + out.rounds
-    stat, dof, p = _chi_square(counts, _law(target, prompt))
+    stat, dof, p = chi_square(counts, _law(target, prompt))
     assert p > 1e-3, (kind, rule, stat, dof, p)
     assert accepted > 0  # drafts were accepted, so the rule (not only the target) produced tokens
 
@@ -80,7 +78,7 @@ def test_the_chi_square_rejects_a_sampler_that_ignores_top_p(target):
         for _ in range(N):
             out = plain_decode(target, prompt, max_new=L, eos=set(), sampling=Sampling(1.0, 1.0), generator=g)
             counts[out.tokens[0], out.tokens[1]] += 1
-    assert _chi_square(counts, _law(target, prompt))[2] < 1e-3
+    assert chi_square(counts, _law(target, prompt))[2] < 1e-3
 
 
 def test_dspark_dynamic_truncation_keeps_greedy_exact_and_drafts_less(target):

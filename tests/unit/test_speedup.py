@@ -91,7 +91,9 @@ def test_each_server_is_compared_with_the_same_plain_runs_and_the_busiest_run_is
     assert "| 1 | drafter-3 | 10.0, 10.0 | 12.0, 14.0 | ×1.30 | 2.500 | 75% | 0 of 4 | 2.1 / 0.01 |" in table
     assert "| 1 | ngram | 10.0, 10.0 | 9.0, 11.0 | ×1.00 | no drafts | – | 1 of 4 | 3.9 / 1.20 **busy** |" in table
     lines = speedup_report.recommendation({"levels": [drafter, ngram]})
-    assert lines[0] == "concurrency 1: fastest is drafter-3 ×1.30; the drafter (drafter-3) beats ngram: ×1.30 its tokens/s"
+    assert lines[0] == (
+        "concurrency 1: fastest is drafter-3 ×1.30; the drafter (drafter-3) beats ngram: ×1.30 its tokens/s"
+    )
     assert lines[-1].startswith("warning: other processes used up to 1.20 of 2 cores during 1 of 2 rows")
 
 

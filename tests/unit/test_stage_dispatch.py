@@ -2,6 +2,7 @@
 run-folder inputs a dispatched stage accepts. The flow runs themselves are in tests/e2e/test_deployment.py."""
 
 from types import SimpleNamespace
+from typing import Any
 
 import prefect.deployments
 import pytest
@@ -53,10 +54,14 @@ def test_resources_become_the_job_variables_the_pool_declares() -> None:
 
 
 def test_every_stage_runs_here_without_a_pool_or_on_its_own_pool(tiny_cfg, tmp_path, monkeypatch) -> None:
-    ran, sent = [], []
-    monkeypatch.setattr(
-        dispatch, "remote", lambda cfg, stage, run_dir, keys, key: sent.append((stage, keys, key)) or "remote"
-    )
+    ran: list[Any] = []
+    sent: list[tuple] = []
+
+    def remote(cfg, stage, run_dir, keys, key):
+        sent.append((stage, keys, key))
+        return "remote"
+
+    monkeypatch.setattr(dispatch, "remote", remote)
 
     def key_of(cfg, stage, inputs):
         return f"key-of-{stage}-" + ",".join(m.key for m in inputs.values() if m is not None)
@@ -88,7 +93,8 @@ def test_every_stage_runs_here_without_a_pool_or_on_its_own_pool(tiny_cfg, tmp_p
 
 def test_online_hidden_states_are_no_stage(tiny_cfg, tmp_path) -> None:
     cfg = tiny_cfg.model_copy(update={"hidden_states": tiny_cfg.hidden_states.model_copy(update={"mode": "online"})})
-    assert dispatch.run_stage(cfg, "hidden_states", str(tmp_path), {}, pytest.fail, None, key_of=pytest.fail) is None
+    never: Any = pytest.fail  # neither runs nor keys anything: online hidden states have no stage
+    assert dispatch.run_stage(cfg, "hidden_states", str(tmp_path), {}, never, None, key_of=never) is None
     done = {"tokenize": StageManifest(stage="tokenize", key="t", uri="x"), "hidden_states": None}
     assert dispatch.upstream_keys("train", done) == {"tokenize": "t"}
 

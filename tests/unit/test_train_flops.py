@@ -64,8 +64,13 @@ def test_measured_fp32_peak_bounds_a_re_measured_matmul():
 
 
 def test_device_peak_override_wins_and_cpu_is_measured(monkeypatch):
-    calls = []
-    monkeypatch.setattr(flops, "measured_matmul_peak", lambda dtype, device: calls.append(dtype) or 5e10)
+    calls: list[torch.dtype] = []
+
+    def measured(dtype: torch.dtype, device: torch.device) -> float:
+        calls.append(dtype)
+        return 5e10
+
+    monkeypatch.setattr(flops, "measured_matmul_peak", measured)
     assert device_peak_flops(torch.device("cpu"), torch.bfloat16, override=3e12) == (3e12, "override")
     assert calls == []
     assert device_peak_flops(torch.device("cpu"), torch.float32, override=None) == (5e10, "measured fp32 matmul")

@@ -39,7 +39,7 @@ def test_buffers_alternate_so_a_pending_copy_is_never_overwritten():
     dm = DeferredMetrics(["x"], torch.device("cpu"))
     got = [dm.push(s, torch.tensor([float(s)])) for s in range(1, 8)]
     assert got[0] is None
-    assert [r["x"] for r in got[1:]] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert [r and r["x"] for r in got[1:]] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     # The caller may reuse (overwrite) its device tensor in place after push: the value was already copied.
     v = torch.tensor([10.0])
     dm.push(8, v)

@@ -3,6 +3,7 @@
 import math
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -178,7 +179,15 @@ def test_random_batches_cover_everything_within_budget():
     ],
 )
 def test_invalid_inputs_name_the_argument(kwargs, match):
-    args = {"lengths": [5, 3], "budget": 16, "world": 1, "grad_accum": 1, "chunk_samples": 4, "seed": 0, "epoch": 0}
+    args: dict[str, Any] = {
+        "lengths": [5, 3],
+        "budget": 16,
+        "world": 1,
+        "grad_accum": 1,
+        "chunk_samples": 4,
+        "seed": 0,
+        "epoch": 0,
+    }
     args.update(kwargs)
     lengths = args.pop("lengths")
     with pytest.raises(ValueError, match=match):

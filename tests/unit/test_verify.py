@@ -14,11 +14,13 @@ A deliberately broken rule must give p < 1e-6: that is the proof that the test h
 import itertools
 import math
 from bisect import bisect_right
+from typing import Any, cast
 
 import pytest
 import torch
 
 from draftsmith.drafters.verify import Sampling, Verdict, block_verify, greedy_verify, token_verify, verify, warp
+from tests.support.stats import chi_square
 
 pytestmark = pytest.mark.unit
 
@@ -79,31 +81,13 @@ def _generate(toy: Toy, rule, *, g: int, L: int, n_seq: int, seed: int) -> torch
     return counts
 
 
-def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, float]:
-    """Pearson statistic, degrees of freedom and p-value of `counts` against exact `probs` (same shape).
-
-    Cells expected fewer than 5 times are pooled into one bin (the chi-square approximation needs it); a
-    count in a cell of probability 0 is an outright failure (statistic inf).
-    """
-    counts, probs = counts.flatten(), probs.flatten()
-    if counts[probs == 0].sum() > 0:
-        return math.inf, 0, 0.0
-    expected = probs * counts.sum()
-    big, small = expected >= 5, (expected < 5) & (probs > 0)
-    obs = torch.cat([counts[big], counts[small].sum().view(1)])
-    exp = torch.cat([expected[big], expected[small].sum().view(1)])
-    obs, exp = obs[exp > 0], exp[exp > 0]
-    stat, dof = float(((obs - exp) ** 2 / exp).sum()), obs.numel() - 1
-    return stat, dof, float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-
-
 def _report(name: str, counts: torch.Tensor, law: torch.Tensor, L: int) -> list[tuple[float, int, float]]:
     """Chi-square of the first token, the first two, and all L tokens; printed for the record."""
     shape = [V] * L
     c, p = counts.view(shape), law.view(shape)
-    out = [_chi_square(c.sum(dim=tuple(range(1, L))), p.sum(dim=tuple(range(1, L)))),
-           _chi_square(c.sum(dim=tuple(range(2, L))), p.sum(dim=tuple(range(2, L)))),
-           _chi_square(counts, law)]  # fmt: skip
+    out = [chi_square(c.sum(dim=tuple(range(1, L))), p.sum(dim=tuple(range(1, L)))),
+           chi_square(c.sum(dim=tuple(range(2, L))), p.sum(dim=tuple(range(2, L)))),
+           chi_square(counts, law)]  # fmt: skip
     print(
         f"{name}: "
         + "; ".join(f"{k} tok chi2={s:.1f} dof={d} p={pv:.3g}" for k, (s, d, pv) in zip((1, 2, L), out, strict=True))
@@ -114,10 +98,10 @@ def _report(name: str, counts: torch.Tensor, law: torch.Tensor, L: int) -> list[
 def test_chi_square_p_value_is_the_chi2_survival_function():
     # Closed forms: dof 2 -> exp(-x/2); dof 1 at 3.841459 -> 0.05.
     probs = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
-    stat, dof, p = _chi_square(torch.tensor([30.0, 20.0, 50.0]), probs)
+    stat, dof, p = chi_square(torch.tensor([30.0, 20.0, 50.0]), probs)
     assert dof == 2 and stat == pytest.approx(100 / 20 + 100 / 30) and p == pytest.approx(math.exp(-stat / 2))
     assert torch.special.gammaincc(torch.tensor(0.5), torch.tensor(3.841459 / 2)) == pytest.approx(0.05, abs=1e-6)
-    assert _chi_square(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))[2] == 0.0  # impossible cell observed
+    assert chi_square(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))[2] == 0.0  # impossible cell observed
 
 
 def test_warp_applies_temperature_then_nucleus_and_greedy_is_one_hot():
@@ -232,7 +216,7 @@ def test_verify_dispatches_and_names_bad_inputs():
     for rule in ("greedy", "token", "block"):
         assert verify(rule, d, q_gV, p_g1V, torch.Generator().manual_seed(0)) == Verdict(2, [1, 2, 3])
     with pytest.raises(ValueError, match="unknown rule 'beam'"):
-        verify("beam", d, q_gV, p_g1V, None)
+        verify(cast(Any, "beam"), d, q_gV, p_g1V, None)  # not a Rule: the run-time check
     with pytest.raises(ValueError, match="needs q_gV"):
         verify("token", d, None, p_g1V, None)
     with pytest.raises(ValueError, match=r"p_g1V \[g\+1, V\]"):

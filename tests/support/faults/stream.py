@@ -32,10 +32,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks._fault_servers import FaultResult
+from tests.support.faults.result import FaultResult
+from tests.support.paths import ROOT, TINY
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "deployments" / "recipes" / "tiny-cpu.yaml"
 STALL_S = 10  # train.distributed.timeout_s of the rank scenarios: its minimum
 MASTER_TIMEOUT_S = 10.0  # hidden_states.online.master_timeout_s of the master scenario
 DEATH_S = 5.0  # how long the children of a SIGKILLed parent may take to die
@@ -205,13 +204,21 @@ def inject_after_checkpoint(stage: Path, target, sig: signal.Signals, state: dic
     state["pid"], state["t"] = pid, time.monotonic()
 
 
+class _Collect(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @contextlib.contextmanager
 def lines_of(logger_name: str):
     """Every message `logger_name` logs inside the block, whatever the logging configuration (faults.py
     disables INFO), without printing them."""
-    logger, lines = logging.getLogger(logger_name), []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())
+    logger, lines = logging.getLogger(logger_name), list[str]()
+    handler = _Collect(lines)
     old = (logger.level, logger.propagate, logging.root.manager.disable)
     logging.disable(logging.NOTSET)
     logger.setLevel(logging.INFO)

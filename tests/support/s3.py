@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 WEED = Path(sys.executable).parent / "weed"
 
@@ -99,7 +100,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-ADMIN = {
+ADMIN: dict[str, Any] = {
     "name": "admin",
     "key": "draftsmith-test",
     "secret": "draftsmith-test",
@@ -120,7 +121,7 @@ class WeedServer:
         data_dir.mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
         self.ports = {name: free_http_port(taken) for name in ("s3", "master", "volume", "filer")}
-        self.env = {
+        self.env: dict[str, str] = {
             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.ports['s3']}",
             "AWS_ACCESS_KEY_ID": ADMIN["key"],
             "AWS_SECRET_ACCESS_KEY": ADMIN["secret"],

@@ -1,6 +1,5 @@
 """Fault scenarios shared by `benchmarks/faults.py` and `tests/faults`: a flaky OpenAI-compatible server
-driven through the regenerate stage, a DCP checkpoint whose pickles would run code on resume, and the
-storage faults of `benchmarks/_fault_storage.py` (S3 server restarted mid-write, read-only bucket, full disk).
+driven through the regenerate stage, and a DCP checkpoint whose pickles would run code on resume.
 
 Each scenario is a plain function returning a `FaultResult`, so the benchmark can repeat it and a test
 can assert on one run.
@@ -9,37 +8,17 @@ can assert on one run.
 from __future__ import annotations
 
 import hashlib
-import json
 import pickle
 import random
-import socket
 import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from benchmarks._fault_storage import disk_full, read_only_bucket, s3_restart
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "deployments" / "recipes" / "tiny-cpu.yaml"
-
-
-@dataclass
-class FaultResult:
-    """One run of a fault scenario: how many units were lost, duplicated or wrong, how many faults were
-    injected, and the longest time between a fault and the moment it was noticed (retried or refused)."""
-
-    fault: str
-    units: int
-    lost: int = 0
-    duplicated: int = 0
-    corrupted: int = 0
-    injected: int = 0
-    detected_within_s: float = 0.0
-    detail: dict = field(default_factory=dict)
+from tests.support.faults.result import FaultResult
+from tests.support.openai_server import ChatServer, Reply, Request, completion
+from tests.support.paths import TINY
 
 
 def expected_answer(question: str) -> str:
@@ -72,65 +51,24 @@ class FlakyChatServer:
         self.answered: Counter[str] = Counter()  # question -> complete 200 responses
         self.pending_fault: dict[str, float] = {}  # question -> when its last fault began
         self.detect_s: list[float] = []
-        outer = self
+        self.server = ChatServer(self._respond, keep_alive=True)
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as real servers do: drops then hit a pooled connection
+    def _respond(self, request: Request) -> Reply:
+        question = request.question
+        fault = self._draw(question)
+        if fault == "hang":
+            return Reply(hang=True, wait_s=self.hang_s)
+        if fault == "5xx":
+            return Reply(503, {"error": "overloaded"})
+        body = completion(expected_answer(question))
+        if fault == "drop":
+            return Reply(200, body, cut=True)
+        return Reply(200, body, sent=lambda: self._answered(question))
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                question = body["messages"][-1]["content"]
-                fault = outer._draw(question)
-                if fault == "hang":
-                    time.sleep(outer.hang_s)
-                    self.close_connection = True
-                    return
-                if fault == "5xx":
-                    self._send(503, {"error": "overloaded"})
-                    return
-                choice = {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": expected_answer(question)},
-                    "finish_reason": "stop",
-                }
-                raw = json.dumps({"choices": [choice], "usage": {"completion_tokens": 3}}).encode()
-                if fault == "drop":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(raw)))
-                    self.end_headers()
-                    self.wfile.write(raw[: len(raw) // 2])
-                    self.wfile.flush()
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    self.close_connection = True
-                    return
-                self._send(200, None, raw)
-                with outer.lock:
-                    outer.answered[question] += 1
-
-            def _send(self, status: int, data: dict | None, raw: bytes | None = None) -> None:
-                raw = raw if raw is not None else json.dumps(data).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def handle(self) -> None:
-                try:
-                    super().handle()
-                except (BrokenPipeError, ConnectionResetError, OSError):
-                    pass  # the client gave up on a hung request: expected
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.block_on_close = False  # hung handlers must not hold up close()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
+    def _answered(self, question: str) -> None:
+        with self.lock:
+            self.answered[question] += 1
 
     def _draw(self, question: str) -> str | None:
         now = time.monotonic()
@@ -159,8 +97,7 @@ class FlakyChatServer:
             return fault
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
 
     def __enter__(self) -> FlakyChatServer:
         return self
@@ -279,7 +216,4 @@ def checkpoint_pickle(workdir: str | Path | None = None) -> FaultResult:
 SCENARIOS = {
     "flaky-endpoint": flaky_endpoint,
     "checkpoint-pickle": checkpoint_pickle,
-    "s3-restart": s3_restart,
-    "read-only-bucket": read_only_bucket,
-    "disk-full": disk_full,
 }

@@ -3,7 +3,7 @@
 Run by `benchmarks/gpu_train_check.sh` (see there for a GPU machine's set-up); `--smoke` runs the same logic on
 CPU (gloo) at toy sizes, which `tests/integration/test_gpu_train_check_smoke.py` exercises.
 
-    python -m benchmarks._gpu_train_check [--smoke] [--families eagle3,dflash2,dspark] [--seq 4096]
+    python -m benchmarks.workers.gpu_train_check [--smoke] [--families eagle3,dflash2,dspark] [--seq 4096]
 
 Each family's drafter comes from its `deployments/recipes/kimi-k3-<family>.yaml` drafter section (the
 recipe's target width 7168 and vocabulary 163840). Only the drafter is real: the target is a one-layer
@@ -23,34 +23,29 @@ The last stdout line is one JSON object: `{"ok", "checks": [...], "cases": [...]
 check or case failed or was skipped for time.
 """
 
+import argparse
+import copy
+import gc
+import json
 import os
 import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
 
-# This folder holds `tokenize.py`, which would shadow the standard library module torch imports.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import torch
+import torch.distributed as dist
+import yaml
 
-import argparse  # noqa: E402
-import copy  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
+from draftsmith.core.config import TargetConfig
+from draftsmith.core.config.drafter import parse_drafter
+from draftsmith.core.config.train import DistributedConfig, MixedPrecisionConfig, TrainConfig
+from draftsmith.drafters import families
+from draftsmith.drafters.training import flops, fsdp
+from draftsmith.drafters.training.loop import Micro, Trainer, micro_seed
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import yaml  # noqa: E402
-
-from draftsmith.core.config import TargetConfig  # noqa: E402
-from draftsmith.core.config.drafter import parse_drafter  # noqa: E402
-from draftsmith.core.config.train import DistributedConfig, MixedPrecisionConfig, TrainConfig  # noqa: E402
-from draftsmith.drafters import families  # noqa: E402
-from draftsmith.drafters.training import flops, fsdp  # noqa: E402
-from draftsmith.drafters.training.loop import Micro, Trainer, micro_seed  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("eagle3", "dflash2", "dspark")
 # Toy shapes for --smoke: every structural switch of the K3 recipes kept (MLA, anchors, sliding layers,
 # selector, Markov and confidence heads), every width shrunk.
@@ -107,7 +102,7 @@ def target_skeleton(target: TargetConfig):
     """A one-layer DeepseekV3 (K3's attention family) with the target's width and vocabulary, on meta."""
     from transformers import AutoModelForCausalLM, DeepseekV3Config
 
-    config = DeepseekV3Config(
+    config = DeepseekV3Config(  # type: ignore[call-arg]  # rope_* go to PretrainedConfig's **kwargs; the stub omits them
         vocab_size=target.vocab_size,
         hidden_size=target.hidden_size,
         num_hidden_layers=1,
@@ -338,7 +333,7 @@ def table(checks: list[dict], cases: list[Case]) -> str:
     for fam in dict.fromkeys(c.family for c in cases):
         eager = next((c for c in cases if c.family == fam and not c.compiled and c.status == "ok"), None)
         comp = next((c for c in cases if c.family == fam and c.compiled and c.status == "ok"), None)
-        if eager and comp:
+        if eager and comp and eager.tokens_per_s and comp.tokens_per_s:
             lines.append(f"compile speed-up {fam}: {comp.tokens_per_s / eager.tokens_per_s:.2f}x")
     return "\n".join(lines)
 

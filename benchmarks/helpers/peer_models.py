@@ -26,7 +26,13 @@ VERIFIER_OWNED = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_no
 
 
 def _qwen3_layer_config(cfg: dict) -> dict:
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+    keys: tuple[str, ...] = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+    )
     keys += ("num_hidden_layers", "vocab_size", "rms_norm_eps", "rope_theta", "max_position_embeddings")
     out = {k: cfg[k] for k in keys if k in cfg}
     return out | {"model_type": "qwen3", "hidden_act": "silu", "attention_bias": False, "_attn_implementation": ATTN}

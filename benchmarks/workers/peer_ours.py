@@ -1,7 +1,7 @@
 """Our side of `benchmarks.peer_train`: the trainer's real step (`Trainer.train_step` on the module that
 `draftsmith.drafters.training.worker.build` makes, in a process group of one) on the shared inputs.
 
-`python -m benchmarks._peer_ours JOB` (JOB: the JSON `benchmarks.peer_train` writes) prints one JSON line:
+`python -m benchmarks.workers.peer_ours JOB` (JOB: the JSON `benchmarks.peer_train` writes) prints one JSON line:
 `{"step_s": [...], "peak_rss": bytes}` (warm-up steps excluded). Its own process, so that the peak RSS is
 this side's alone.
 """

@@ -22,7 +22,7 @@ DRAFTSMITH = Path(sys.executable).parent / "draftsmith"
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT_S = 90
 # Loopback requests never go through a proxy, whatever the environment says.
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass
@@ -57,7 +57,7 @@ def server_env(home: Path, api_url: str) -> dict[str, str]:
 
 
 def get_json(url: str, timeout: float = 10):
-    with _HTTP.open(url, timeout=timeout) as resp:
+    with HTTP.open(url, timeout=timeout) as resp:
         return json.loads(resp.read())
 
 

@@ -5,7 +5,7 @@ from a registered buffer with `batch_put_from` (hard-pinned) into a consumer cli
 gets them with `batch_get_into` and force-removes them. `mooncake_MBps` is chunk bytes over put + get time;
 `memcpy_MBps` is `Tensor.copy_` of the same chunks into preallocated tensors.
 
-Run: `.venv/bin/python -m benchmarks._mooncake_bw [total_mb]`.
+Run: `.venv/bin/python -m benchmarks.workers.mooncake_bw [total_mb]`.
 """
 
 import json

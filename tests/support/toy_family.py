@@ -1,4 +1,4 @@
-"""A drafter family that lives only here, registered as a plugin (`DRAFTSMITH_PLUGINS=tests.toy_family`).
+"""A drafter family that lives only here, registered as a plugin (`DRAFTSMITH_PLUGINS=tests.support.toy_family`).
 
 `toy` is a one-layer chain drafter with a recipe section of its own: a few widths and a fixed depth. Its
 model and objective are EAGLE-3's, built from a config it derives, and it is exported and served as EAGLE-3.
@@ -55,7 +55,8 @@ class ToyFamily:
     def __init__(self) -> None:
         from draftsmith.drafters.eagle3 import family as eagle3
 
-        self._eagle3, self.export = eagle3, eagle3.export
+        self._eagle3 = eagle3
+        self.export: families.ExportMethod = eagle3.export
 
     def build(self, cfg: ToyConfig, inputs: families.BuildInputs):
         return self._eagle3.build(cfg.as_eagle3(), inputs)

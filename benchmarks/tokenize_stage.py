@@ -9,7 +9,7 @@ per core), so the raw limit is measured with the Rust thread pool on, capped at 
 threads (RAYON_NUM_THREADS=workers). The machine may be shared, so the stage runs twice and the raw call
 three times, best of each; the stage's time includes starting its workers and loading the tokenizer.
 
-    .venv/bin/python benchmarks/tokenize.py [--rows 20000] [--workers 2]
+    .venv/bin/python benchmarks/tokenize_stage.py [--rows 20000] [--workers 2]
 """
 
 import argparse
@@ -17,14 +17,9 @@ import json
 import multiprocessing as mp
 import os
 import random
-import sys
 import tempfile
 import time
-from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path and its name shadows the standard library's
-# `tokenize` (which linecache and inspect import later); none of the imports above needs it.
-sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != Path(__file__).resolve().parent]
+from typing import Any
 
 WORDS = (
     "the model answers each question with a short derivation and then states the result clearly so that a "
@@ -56,7 +51,7 @@ def write_corpus(rows: list[dict], folder: str, shard_rows: int = 1000):
         data = "".join(json.dumps(r) + "\n" for r in rows[k : k + shard_rows]).encode()
         name = f"conversations-{k // shard_rows:05d}.jsonl"
         storage.write_bytes(f"{folder}/{name}", data)
-        files.append(FileEntry(name=name, bytes=len(data), sha256=storage.sha256(data)))
+        files.append(FileEntry(name=name, bytes=len(data), digest=storage.sha256(data), algo="sha256"))
     return StageManifest(stage="regenerate", key="bench", uri=folder, files=files)
 
 
@@ -80,7 +75,9 @@ def _naive_job(messages: list[dict]):
 
     from draftsmith.tasks.token_encode import encode
 
+    assert _NAIVE_TOK is not None, "set by the pool's initializer"
     e = encode(_NAIVE_TOK, messages, max_length=4096, last_turn_only=False)
+    assert e is not None, "4096 tokens hold every synthetic conversation"
     return torch.from_numpy(e.input_ids.copy()), torch.from_numpy(e.loss_mask.copy())
 
 
@@ -137,7 +134,7 @@ def main() -> None:
         print(f"naive stage: {naive_s:.1f} s", flush=True)
 
     texts = tok.apply_chat_template([r["messages"] for r in rows], tokenize=False)
-    raw_runs = {}
+    raw_runs: dict[str, Any] = {}
     for parallel in ("false", "true"):
         os.environ["TOKENIZERS_PARALLELISM"] = parallel
         raw_runs[parallel] = []

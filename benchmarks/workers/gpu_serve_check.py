@@ -6,21 +6,17 @@ nothing from draftsmith. It prints one JSON object on the last line: `{"method",
 accepted_per_pos}}` (metrics are zeros without a drafter). `--method`/`--num-tokens` default to what the
 draft's config.json says (EAGLE-3: the trained depth; DFlash: block - 1; DSpark: block).
 
-    python benchmarks/_gpu_serve_check.py --target T [--draft D [--method M --num-tokens N]]
-    python benchmarks/_gpu_serve_check.py --make-drafts DIR --target T   # random drafters (needs draftsmith)
-    python benchmarks/_gpu_serve_check.py --summarise REPORTS.jsonl       # table + identical-output check
+    python benchmarks/workers/gpu_serve_check.py --target T [--draft D [--method M --num-tokens N]]
+    python benchmarks/workers/gpu_serve_check.py --make-drafts DIR --target T   # random drafters (needs draftsmith)
+    python benchmarks/workers/gpu_serve_check.py --summarise REPORTS.jsonl       # table + identical-output check
 """
 
+import argparse
+import json
 import os
 import sys
-
-# This folder holds `tokenize.py`, which would shadow the standard library module vLLM imports.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
+import time
+from typing import Any
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -43,13 +39,14 @@ def _combine(a: list[int], b: list[int], sign: int) -> list[int]:
 
 def spec_metrics(llm) -> dict:
     """The spec-decode counters summed over label sets (engine replicas)."""
-    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+    counts = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    per_pos: list[int] = []
     for m in llm.get_metrics():
         if m.name in _METRICS:
-            out[_METRICS[m.name]] += int(m.value)
+            counts[_METRICS[m.name]] += int(m.value)
         elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            out["accepted_per_pos"] = _combine(out["accepted_per_pos"], list(m.values), 1)
-    return out
+            per_pos = _combine(per_pos, list(m.values), 1)
+    return {**counts, "accepted_per_pos": per_pos}
 
 
 def draft_method(folder: str) -> tuple[str, int]:
@@ -86,7 +83,7 @@ def _random_models(cfg: dict) -> dict:
     from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 
     H, V, heads = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
-    common = {
+    common: dict[str, Any] = {
         "hidden_size": H,
         "target_hidden_size": H,
         "num_taps": 3,
@@ -98,8 +95,8 @@ def _random_models(cfg: dict) -> dict:
         "rope_theta": float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)),
         "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
     }
-    block = {"num_layers": 1, "block_size": 4, "mask_token_id": 0}
-    conv = {"conv_kernel_size": 2, "conv_group_size": 64, "selector_rank": 32, "selector_top_k": 8}
+    block: dict[str, Any] = {"num_layers": 1, "block_size": 4, "mask_token_id": 0}
+    conv: dict[str, Any] = {"conv_kernel_size": 2, "conv_group_size": 64, "selector_rank": 32, "selector_top_k": 8}
     models = {
         "eagle3": ("eagle3", Eagle3Drafter(Eagle3Spec(**common, draft_vocab_size=V))),
         "dflash": ("dflash", DFlashDrafter(DFlashSpec(**common, **block))),
@@ -115,7 +112,6 @@ def make_drafts(target: str, out: str) -> None:
     """Export random drafters for `target` under `out/<name>` (run from the repo root in the project venv)."""
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from draftsmith.drafters.export import bundle
 
     with open(os.path.join(target, "config.json")) as f:

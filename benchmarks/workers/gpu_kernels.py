@@ -17,6 +17,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 def parse_args(argv=None):
@@ -95,7 +97,7 @@ def _fns(op: str, a, torch, kernels_mod):
             extra = (lv["x2"], lv["w2"]) if dspark else (None, None)
             return head_loss_reference(lv["x"], lv["w"], target, ot.get("labels"), w3, dspark, *extra).loss
 
-        def tri(lv, ot, chunk_rows=None):
+        def tri_head(lv, ot, chunk_rows=None):
             ws, wc, wl = weights(lv["x"])
             return head_loss(
                 lv["x"], lv["w"], target=Target(hidden=ot["th"], head=ot["tw"]), labels=ot.get("labels"),
@@ -103,14 +105,17 @@ def _fns(op: str, a, torch, kernels_mod):
                 chunk_rows=chunk_rows, mode="triton",
             ).loss  # fmt: skip
 
-        chunked = {f"triton-c{n}": functools.partial(tri, chunk_rows=int(n)) for n in a.chunk_rows.split(",") if n}
+        chunked = {f"triton-c{n}": functools.partial(tri_head, chunk_rows=int(n)) for n in a.chunk_rows.split(",") if n}
+        tri: Callable[..., Any] = tri_head
     elif op == "rms_norm":
 
         def ref(lv, ot):
             return rms_norm_reference(lv["x"], lv["w"], eps)
 
-        def tri(lv, ot):
+        def tri_norm(lv, ot):
             return rms_norm(lv["x"], lv["w"], eps, mode="triton")
+
+        tri = tri_norm
     else:
 
         def ref(lv, ot):
@@ -118,8 +123,10 @@ def _fns(op: str, a, torch, kernels_mod):
             T, H = x.shape[1], x.shape[2]
             return dyn_conv_reference(x.view(T, H), lv["base"], lv["delta"].view(T, 2, -1), block, T).view(1, T, H)
 
-        def tri(lv, ot):
+        def tri_conv(lv, ot):
             return dyn_conv(lv["x"], lv["base"], lv["delta"], block, mode="triton")
+
+        tri = tri_conv
 
     compiled = torch.compile(ref, backend="eager" if a.smoke else "inductor", dynamic=False)
     return {"reference": ref, "compiled": compiled, "triton": tri, **(chunked if op.startswith("head") else {})}

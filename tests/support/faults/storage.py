@@ -5,8 +5,7 @@ The stage is the hidden-state store's writer (`draftsmith.transport.offline_stor
 commit records, then `index.jsonl` and `dataset.json`) inside the stage bookkeeping (`run_stage`: stage key,
 manifest written last), fed deterministic samples instead of the target's forward, so a scenario takes
 seconds and needs no model. Every item is counted by sample id against what a fault-free run stores.
-`SCENARIOS` in `benchmarks/_fault_servers.py` lists these functions; that module imports this one, so
-`FaultResult` is imported where a result is made.
+`SCENARIOS` lists these functions.
 """
 
 from __future__ import annotations
@@ -23,13 +22,15 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.faults.result import FaultResult
+from tests.support.paths import ROOT
+
 STAGE = "hidden_states"
 SAMPLES, SHARD_SAMPLES, TAPS, HIDDEN = 32, 8, 3, 256
 # An S3 identity (weed's `-s3.config` syntax) that may read and list the bucket, nothing else.
-READ_ONLY = {
+READ_ONLY: dict[str, Any] = {
     "name": "reader",
     "key": "draftsmith-reader",
     "secret": "reader-secret-7f3a9c2e41",
@@ -42,7 +43,6 @@ KILL_DELAY_S = 0.05
 DISK_BYTES = 32 << 20
 
 if TYPE_CHECKING:
-    from benchmarks._fault_servers import FaultResult
     from draftsmith.core.manifest import StageManifest
     from draftsmith.transport.sample import HiddenSample, StoreCodec
 
@@ -51,9 +51,7 @@ class MountUnavailable(RuntimeError):
     """No small filesystem can be mounted here (neither `unshare -rm` nor `unshare -m` may mount a tmpfs)."""
 
 
-def _result(**fields: object) -> FaultResult:
-    from benchmarks._fault_servers import FaultResult
-
+def _result(**fields: Any) -> FaultResult:
     return FaultResult(**fields)
 
 
@@ -190,8 +188,8 @@ def after_crash(uri: str, clean: StageManifest) -> dict[str, int]:
 
 def s3_restart(workdir: str | Path | None = None, *, kill_in_shard: int = 1) -> FaultResult:
     """SIGKILL the S3 server while the stage writes shard `kill_in_shard`, start it again, rerun the stage."""
-    from benchmarks.s3_weed import WeedServer
     from draftsmith.core import retry
+    from tests.support.s3 import WeedServer
 
     data = samples()
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
@@ -212,7 +210,7 @@ def s3_restart(workdir: str | Path | None = None, *, kill_in_shard: int = 1) -> 
             error, noticed = None, time.monotonic()
             try:
                 store_stage(uri, _firing(data, (kill_in_shard + 1) * SHARD_SAMPLES - 1, fire))
-            except Exception as err:  # noqa: BLE001 - the scenario reports whatever the stage raised
+            except Exception as err:  # the scenario reports whatever the stage raised
                 error, noticed = err, time.monotonic()
             fire.set()
             killer.join(timeout=10)
@@ -241,8 +239,8 @@ def s3_restart(workdir: str | Path | None = None, *, kill_in_shard: int = 1) -> 
 def read_only_bucket(workdir: str | Path | None = None) -> FaultResult:
     """A finished stage in a bucket, then credentials that may only read it: a new stage there must be
     refused at its first write, a delete of the finished one refused too, and nothing of it lost."""
-    from benchmarks.s3_weed import WeedServer
     from draftsmith.core import retry, storage
+    from tests.support.s3 import WeedServer
 
     data, reader = samples(), READ_ONLY
     done_uri, new_uri = f"s3://draftsmith/done/{STAGE}", f"s3://draftsmith/new/{STAGE}"
@@ -281,7 +279,7 @@ def read_only_bucket(workdir: str | Path | None = None) -> FaultResult:
 def _raised(call) -> Exception | None:
     try:
         call()
-    except Exception as err:  # noqa: BLE001 - the scenario reports whatever was raised
+    except Exception as err:  # the scenario reports whatever was raised
         return err
     return None
 
@@ -311,7 +309,7 @@ def disk_full(workdir: str | Path | None = None) -> FaultResult:
         mountpoint = work / "disk"
         mountpoint.mkdir(parents=True, exist_ok=True)
         prefix = _mount_command(mountpoint)
-        code = "import sys; from benchmarks._fault_storage import disk_child; disk_child(sys.argv[1])"
+        code = "import sys; from tests.support.faults.storage import disk_child; disk_child(sys.argv[1])"
         env = os.environ | {"PYTHONPATH": str(ROOT)}
         done = subprocess.run([*prefix, sys.executable, "-c", code, str(work)], cwd=ROOT, env=env, timeout=600)
         if done.returncode != 0:
@@ -349,7 +347,7 @@ def disk_child(work: str) -> None:
     error = _raised(lambda: store_stage(str(stage_dir), data))
     took = time.monotonic() - start
     present = {p.relative_to(stage_dir): p.read_bytes() for p in stage_dir.rglob("*") if p.is_file()}
-    found = {
+    found: dict[str, Any] = {
         "error": None if error is None else str(error),
         "error_type": type(error).__name__,
         "stage_dir": str(stage_dir),
@@ -369,3 +367,6 @@ def disk_child(work: str) -> None:
     found["lost"], found["duplicated"], found["corrupted"] = tally(str(stage_dir), data)
     found["corrupted"] += int(found["manifest_differs"])
     (root / "disk-full.json").write_text(json.dumps(found))
+
+
+SCENARIOS = {"s3-restart": s3_restart, "read-only-bucket": read_only_bucket, "disk-full": disk_full}

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from benchmarks._timing import best_of
-from benchmarks._train_data import SampleMaker, lognormal_lengths, loss_counts
+from benchmarks.helpers.timing import best_of
+from benchmarks.helpers.train_data import SampleMaker, lognormal_lengths, loss_counts
 from draftsmith.core import storage, tensorio
-from draftsmith.drafters import data
+from draftsmith.drafters import data, families
 from draftsmith.drafters.training import fsdp
 from draftsmith.drafters.training.loop import Micro, Trainer, micro_seed
 from draftsmith.drafters.training.plan import plan_epoch
@@ -70,7 +70,8 @@ def make_micros(recipe, steps: int, *, max_len: int, seed: int) -> tuple[list[li
     """`steps` optimizer steps of planned micro-batches (budget `recipe.train.batch_tokens`) and `[V]` counts."""
     cfg, target = recipe.train, recipe.target
     parts = load_target_parts(target, materialize=True)
-    maker = SampleMaker(parts.get_input_embeddings().weight.detach(), len(recipe.hidden_states.taps), seed)
+    embed = families.weight_of(parts.get_input_embeddings())
+    maker = SampleMaker(embed.detach(), len(recipe.hidden_states.taps), seed)
     del parts
     n = 4 * steps * cfg.grad_accum * max(1, cfg.batch_tokens // max_len)
     lengths = lognormal_lengths(n, median=max_len / 3, sigma=0.8, lo=16, hi=max_len, seed=seed)

@@ -1,7 +1,7 @@
 """The peer's side of `benchmarks.peer_train`: speculators' own training forward and loss (`model(**batch,
 **train_kwargs)`, the call its trainer makes), backward and AdamW, on the shared inputs.
 
-`.venv-speculators/bin/python -m benchmarks._peer_step JOB` prints one JSON line `{"step_s": [...],
+`.venv-speculators/bin/python -m benchmarks.workers.peer_step JOB` prints one JSON line `{"step_s": [...],
 "peak_rss": bytes}` (warm-up steps excluded). Models are built from configs as its `from_training_args` does,
 with the verifier's embedding and head; attention is SDPA (flex attention on CPU needs torch.compile) and
 losses use its eager implementation (the fused one is Triton on a GPU).
@@ -39,7 +39,7 @@ def build(job: dict, x: dict) -> tuple[torch.nn.Module, dict]:
         Eagle3DraftModel,
         Eagle3SpeculatorConfig,
     )
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
     p = job["peer"]
     family = p["family"]
@@ -49,6 +49,7 @@ def build(job: dict, x: dict) -> tuple[torch.nn.Module, dict]:
         num_hidden_layers=p["num_layers"], rms_norm_eps=1e-6, max_position_embeddings=4096,
     )  # fmt: skip
     losses = {"loss_fn": "kl_div", "loss_implementation": "eager"}
+    layer_config: PretrainedConfig
     if family == "eagle3":
         layer_config = LlamaConfig(**layer)
         layer_config._attn_implementation = ATTN

@@ -1,8 +1,8 @@
-"""The peer's forward on this project's exports: `.venv-speculators/bin/python -m benchmarks._peer_forward JOBS`.
+"""The peer's forward on this project's exports: `.venv-speculators/bin/python -m benchmarks.workers.peer_forward JOBS`.
 
 JOBS is a JSON list of `{family, folder, verifier, inputs, out}`; `inputs` and `out` are safetensors files.
 One process runs every job, so speculators is imported once. Per job it prints one JSON line: the load report
-of `benchmarks._peer_models.load_exported`.
+of `benchmarks.helpers.peer_models.load_exported`.
 
 Inputs (all batch 1): `input_ids` `[1, S]` int64 (unshifted), `features` `[1, S, taps*H]`; EAGLE-3 also
 `depth` `[1]`; block drafters also `anchors` `[N]`, `last_hidden` `[1, S, H]`, and for DFlash2 `pred` `[1, Q]`
@@ -19,7 +19,7 @@ from unittest import mock
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks._peer_models import load_exported
+from benchmarks.helpers.peer_models import load_exported
 
 
 @contextmanager

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks._train_data import SampleMaker, lognormal_lengths, write_hidden_store, write_tokens
+from benchmarks.helpers.train_data import SampleMaker, lognormal_lengths, write_hidden_store, write_tokens
+from draftsmith.drafters import families
 from draftsmith.drafters.training.plan import plan_epoch
 from draftsmith.drafters.training.target_parts import load_target_parts
 from draftsmith.tasks.train import train
@@ -57,7 +58,8 @@ def lengths_for_steps(recipe, steps: int, *, max_len: int, seed: int = 0) -> lis
 def write_inputs(recipe, folder: str, *, steps: int, max_len: int, seed: int = 0):
     """The synthetic tokenize manifest and hidden-state store both runs read: one epoch of `steps` steps."""
     parts = load_target_parts(recipe.target, materialize=True)
-    maker = SampleMaker(parts.get_input_embeddings().weight.detach(), len(recipe.hidden_states.taps), seed)
+    embed = families.weight_of(parts.get_input_embeddings())
+    maker = SampleMaker(embed.detach(), len(recipe.hidden_states.taps), seed)
     del parts
     lengths = lengths_for_steps(recipe, steps, max_len=max_len, seed=seed)
     items = list(maker.samples(lengths))
