@@ -64,6 +64,7 @@ CHILD = textwrap.dedent(
     import s3fs.core
     from draftsmith.transport.offline_store import ShardWriter
     from draftsmith.transport.sample import StoreCodec
+    from tests.support.runs import store_info, store_samples
     import torch
 
     fs_cls = s3fs.core.S3FileSystem

@@ -9,6 +9,7 @@ from draftsmith.core import storage, tensorio
 from draftsmith.drafters.data import hidden_dataset
 from draftsmith.drafters.eagle3.export import load_drafter
 from draftsmith.engines import hf
+from draftsmith.evals.suites import CATEGORIES
 from draftsmith.tasks.regenerate import read_conversations
 from draftsmith.tasks.tokenization import read_token_shard
 
@@ -48,9 +49,12 @@ def test_hidden_states_match_a_manual_layer_by_layer_forward(tiny_cfg, tiny_run,
                 outs.append(x)
             manual_taps = torch.cat([outs[k - 1][0] for k in tiny_cfg.hidden_states.taps], dim=-1)
             manual_last = norm(outs[-1])[0]
-        # Stored in bf16: exact to bf16 rounding of the fp32 forward.
-        torch.testing.assert_close(s.features, manual_taps.to(torch.bfloat16), rtol=0, atol=0)
-        torch.testing.assert_close(s.last_hidden, manual_last.to(torch.bfloat16), rtol=0, atol=0)
+        # Stored in bf16: the bf16 rounding of the fp32 forward. The stage runs padded batches, whose fp32 sums
+        # may differ from this single-sequence forward in the last bits, so a value that lies on a bf16 rounding
+        # boundary can round one ulp the other way: within one ulp everywhere, and equal almost everywhere.
+        for stored, manual in ((s.features, manual_taps), (s.last_hidden, manual_last)):
+            torch.testing.assert_close(stored.float(), manual, rtol=2**-7, atol=1e-6)
+            assert (stored == manual.to(torch.bfloat16)).float().mean() > 0.999
 
 
 def test_taps_equal_hf_hidden_states_bitwise_in_fp32(tiny_cfg, tiny_target):
@@ -113,9 +117,9 @@ def test_evaluate_is_lossless_and_reports_acc_len(tiny_run):
     rounds = sum(r["rounds"] for r in rows)
     assert results["acc_len"]["overall"] == pytest.approx(1 + sum(r["accepted"] for r in rows) / rounds, abs=1e-4)
     assert set(results["tokens_per_s"]) == {"baseline", "speculative"}
-    # Every benchmark: the held-out prompts and the six built-in suites (dialogue two-turn), each reproducible.
+    # Every benchmark: the held-out prompts and the ten built-in suites (dialogue and followup two-turn).
     benches = {r["bench"] for r in results["benches"]}
-    assert benches == {"held-out", "math", "coding", "reasoning", "writing", "multilingual", "dialogue"}
+    assert benches == {"held-out", *CATEGORIES}
     assert {r["turn"] for r in rows if r["bench"] == "dialogue"} == {0, 1}
     for r in results["benches"]:
         assert sum(r["accept_hist"]) == r["rounds"] and len(r["position_accept"]) == 3
