@@ -23,6 +23,7 @@ from draftsmith.core.stage import StageResult, run_stage, stage_key, verify_stag
 from draftsmith.drafters import confidence as cal
 from draftsmith.drafters import families
 from draftsmith.engines import hf
+from draftsmith.engines.base import template_hash
 from draftsmith.evals import evaluation, loaders, plots, report, suites
 from draftsmith.evals.records import BenchPrompt
 from draftsmith.tasks.prompt_pool import CATEGORIES
@@ -136,7 +137,10 @@ def evaluate_checkpoint(
             progress=progress,
         )  # fmt: skip
     decoding = {"temperature": cfg.temperature, "top_p": cfg.top_p, "batch_size": cfg.batch_size}
-    results = headline(drafter_cfg.kind, out["benches"], g) | out | decoding
+    # The harness renders prompts with the target tokenizer's template and its default thinking mode: recorded
+    # so that `draftsmith doctor` can hold them against the template and mode the training data was made with.
+    template = {"sha256": template_hash(tok.chat_template), "thinking": "template default"}
+    results = headline(drafter_cfg.kind, out["benches"], g) | out | decoding | {"chat_template": template}
     files = [
         file_entry(uri, "results.json", (json.dumps(results, indent=2) + "\n").encode()),
         file_entry(uri, "prompts.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()),
