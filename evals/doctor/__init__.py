@@ -7,6 +7,8 @@ report; `render_markdown` is the Prefect artifact's text. The checks and their t
 
 from draftsmith.evals.doctor.facts import DoctorInputError, RunFacts, read_run
 from draftsmith.evals.doctor.findings import Finding
-from draftsmith.evals.doctor.report import CHECKS, Report, diagnose, diagnose_facts
+from draftsmith.evals.doctor.report import CHECKS, Report, diagnose, diagnose_facts, publish
 
-__all__ = ["CHECKS", "DoctorInputError", "Finding", "Report", "RunFacts", "diagnose", "diagnose_facts", "read_run"]
+__all__ = [
+    "CHECKS", "DoctorInputError", "Finding", "Report", "RunFacts", "diagnose", "diagnose_facts", "publish", "read_run",
+]  # fmt: skip

@@ -25,26 +25,31 @@ def position_loss(f: RunFacts) -> list[Finding]:
     check = "position-acceptance"
     if f.results is None:
         return [F.missing(check, f"{RESULTS} is absent", "draftsmith run RECIPE (the evaluate stage)")]
-    out = []
+    # First position (from 0) where acceptance falls below the bar -> the benchmarks and their evidence lines.
+    dead: dict[int, list[tuple[str, str]]] = {}
+    lines = []
     for b in f.results.get("benches", []):
         pos, tries = b.get("position_accept") or [], _tries(b)
-        dead = [k for k, p in enumerate(pos) if p < POSITION_DEAD and (tries is None or tries[k] >= MIN_TRIES)]
-        if not dead:
-            continue
-        k = dead[0]
-        shown = ", ".join(f"{p:.2f}" for p in pos)
+        line = f"{RESULTS} benches[{b['bench']}].position_accept [{', '.join(f'{p:.2f}' for p in pos)}]"
+        lines.append(line)
+        low = [k for k, p in enumerate(pos) if p < POSITION_DEAD and (tries is None or tries[k] >= MIN_TRIES)]
+        if low:
+            dead.setdefault(low[0], []).append((b["bench"], line))
+    out = []
+    for k, benches in sorted(dead.items()):
         fix = (
-            f"serve {max(1, k)} draft tokens (speedup.draft_tokens, evaluate.num_draft_tokens)"
+            f"serve {k} draft tokens (speedup.draft_tokens, evaluate.num_draft_tokens)"
             if k > 0
-            else "the first draft is rarely right: see the generalisation and template findings"
+            else "the first draft is rarely right: see the generalisation-gap, template and tap-convention findings"
         )
-        if _trained_depth(f) is not None and k >= (_trained_depth(f) or 0):
+        depth = _trained_depth(f)
+        if depth is not None and k >= depth:
             fix += f"; positions from {k + 1} are beyond the trained depth: raise drafter.ttt_depth"
-        out.append(F.warn(check, f"{b['bench']}: drafts from position {k + 1} are rarely accepted",
-                          f"{RESULTS} benches[{b['bench']}].position_accept [{shown}] (conditional on reaching "
-                          f"the position)", fix=fix))  # fmt: skip
-    if not out and f.results.get("benches"):
-        return [F.ok(check, f"every draft position is accepted at least {POSITION_DEAD:.0%} of the time it is tried")]
+        names = ", ".join(name for name, _ in benches)
+        evidence = [line for _, line in benches] + ["(conditional on reaching the position)"]
+        out.append(F.warn(check, f"drafts from position {k + 1} are rarely accepted on {names}", *evidence, fix=fix))
+    if not out and lines:
+        return [F.ok(check, f"every draft position is accepted at least {POSITION_DEAD:.0%} of the time", *lines)]
     return out
 
 

@@ -75,7 +75,7 @@ def tap_convention(f: RunFacts) -> list[Finding]:
 def _fusion(check: str, f: RunFacts) -> list[Finding]:
     """The fusion layer (`fc.weight [H, N*Ht]`): a tap whose block the training barely grew is a tap whose
     features carried no signal (a zero or constant capture) or a fusion never exercised."""
-    weight = f.tensors().get("fc.weight")
+    weight = f.tensor("fc.weight")
     taps = ((f.draft_config or {}).get("draftsmith") or {}).get("taps") or []
     if weight is None or not taps or weight.shape[1] % len(taps):
         return []
@@ -149,7 +149,7 @@ def vocab_coverage(f: RunFacts) -> list[Finding]:
     """Share of the evaluation's target tokens the pruned draft vocabulary cannot propose, and the size
     that would cover `VOCAB_TARGET` of them (the current vocabulary plus the most frequent missing tokens)."""
     check = "draft-vocabulary"
-    t2d = f.tensors().get("t2d")
+    t2d = f.tensor("t2d")
     if t2d is None:
         size = (f.draft_config or {}).get("draft_vocab_size")
         if f.draft_config is not None and size == f.draft_config.get("vocab_size"):

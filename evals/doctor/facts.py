@@ -24,7 +24,7 @@ class DoctorInputError(ValueError):
 
 @dataclass
 class RunFacts:
-    """Everything the checks read. `where` maps a fact to the file it came from, for the evidence lines."""
+    """Everything the checks read; the checkpoint's tensors are read one at a time, when a check asks."""
 
     run: str
     manifests: dict[str, StageManifest]
@@ -35,30 +35,67 @@ class RunFacts:
     draft_config: dict | None = None
     exports: dict[str, dict] = field(default_factory=dict)
     speedup: dict | None = None
-    weights: dict[str, Any] | None = None  # train/model.safetensors, read on demand by `tensors()`
+    header: dict[str, Any] | None = None  # train/model.safetensors' header, read on demand
+    header_len: int = 0
 
     def path(self, *parts: str) -> str:
         return storage.join(self.run, *parts)
 
-    def rel(self, *parts: str) -> str:
-        """A file's name for evidence: relative to the run folder."""
-        return "/".join(parts)
+    def shapes(self) -> dict[str, tuple[str, list[int]]]:
+        """Tensor name -> (safetensors dtype, shape) of the trained checkpoint, {} when there is none. Only the
+        header is read: a large drafter's weights stay where they are (on S3 too)."""
+        return {k: (v["dtype"], v["shape"]) for k, v in self._header().items() if k != "__metadata__"}
 
-    def tensors(self) -> dict[str, Any]:
-        """The trained checkpoint's tensors (`train/model.safetensors`), {} when there is none."""
-        if self.weights is None:
-            from draftsmith.core import tensorio
+    def tensor(self, name: str) -> Any:
+        """One tensor of the trained checkpoint (only its bytes are read), or None when it has no such tensor."""
+        import torch
 
-            url = self.path("train", "model.safetensors")
-            self.weights = tensorio.loads(storage.read_bytes(url))[0] if storage.exists(url) else {}
-        return self.weights
+        entry = self._header().get(name)
+        if entry is None or name == "__metadata__":
+            return None
+        start, end = entry["data_offsets"]
+        base = 8 + self.header_len
+        (data,) = storage.read_ranges(self.path("train", "model.safetensors"), [(base + start, base + end)])
+        dtype = _dtype(entry["dtype"])
+        flat = torch.frombuffer(bytearray(data), dtype=dtype) if data else torch.empty(0, dtype=dtype)
+        return flat.reshape(entry["shape"])
+
+    def _header(self) -> dict[str, Any]:
+        if self.header is not None:
+            return self.header
+        url = self.path("train", "model.safetensors")
+        header: dict[str, Any] = {}
+        if "train" in self.manifests and storage.exists(url):
+            (size,) = storage.read_ranges(url, [(0, 8)])
+            self.header_len = int.from_bytes(size, "little")
+            (raw,) = storage.read_ranges(url, [(8, 8 + self.header_len)])
+            header = _json_bytes(raw, "train/model.safetensors header")
+        self.header = header
+        return header
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}  # fmt: skip
+
+
+def _dtype(name: str) -> Any:
+    """The torch dtype of a safetensors dtype name (torch is imported only when a tensor is read)."""
+    import torch
+
+    if name not in _SAFETENSORS_DTYPES:
+        raise DoctorInputError(f"train/model.safetensors: tensor dtype {name} is not supported here")
+    return getattr(torch, _SAFETENSORS_DTYPES[name])
+
+
+def _json_bytes(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DoctorInputError(f"{what}: not valid JSON ({err})") from None
 
 
 def _json(url: str, what: str) -> Any:
-    try:
-        return json.loads(storage.read_bytes(url))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise DoctorInputError(f"{what}: not valid JSON ({err})") from None
+    return _json_bytes(storage.read_bytes(url), what)
 
 
 def _jsonl(url: str, what: str) -> list[dict]:

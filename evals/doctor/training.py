@@ -130,10 +130,11 @@ def _train_depth_acc(f: RunFacts) -> list[float]:
 
 def _params(f: RunFacts) -> int | None:
     """Trainable drafter parameters: the checkpoint's floating tensors (the frozen embedding is not saved)."""
-    tensors = f.tensors()
-    if not tensors:
+    shapes = f.shapes()
+    if not shapes:
         return None
-    return sum(t.numel() for name, t in tensors.items() if t.is_floating_point() and name not in ("d2t", "t2d"))
+    floating = {name: shape for name, (dtype, shape) in shapes.items() if dtype.startswith(("F", "BF"))}
+    return sum(math.prod(shape) for shape in floating.values())
 
 
 def generalisation_gap(f: RunFacts) -> list[Finding]:

@@ -68,11 +68,8 @@ def test_generalisation_gap(tmp_path):
 def test_acceptance_lost_at_a_draft_position(tmp_path):
     run = healthy_run(tmp_path / "run", Plan(probs=(0.75, 0.08, 0.05)))
     found = _bad(run, "position-acceptance")
-    assert {f.title for f in found} == {
-        "held-out: drafts from position 2 are rarely accepted",
-        "math: drafts from position 2 are rarely accepted",
-    }
-    assert all("serve 1 draft tokens" in f.fix for f in found)
+    assert [f.title for f in found] == ["drafts from position 2 are rarely accepted on held-out, math"]
+    assert "serve 1 draft tokens" in found[0].fix and "benches[math].position_accept [0.7" in found[0].evidence[1]
 
 
 def test_acceptance_collapses_at_long_context(tmp_path):
@@ -195,3 +192,20 @@ def test_doctor_reads_a_run_through_fsspec(tmp_path):
             memory.pipe(f"/doctor-run/{path.relative_to(run)}", path.read_bytes())
     report = diagnose("memory://doctor-run")
     assert [f.severity for f in report.findings if f.check == "tap-convention"] == ["error"]
+
+
+def test_doctor_report_becomes_a_prefect_artifact(tmp_path, monkeypatch):
+    from prefect import artifacts
+
+    from draftsmith.evals.doctor import report
+
+    run = healthy_run(tmp_path / "run", Plan(layer_ids=[0, 1, 2]))
+    assert report.publish(str(run), key="doctor-abc") == []  # outside a flow run: nothing, and no server started
+    made: list[dict] = []
+    monkeypatch.setattr(report, "in_prefect_run", lambda: True)
+    monkeypatch.setattr(artifacts, "create_markdown_artifact", lambda **kw: made.append(kw))
+    assert report.publish(str(run), key="doctor-abc") == ["doctor-abc"]
+    markdown = made[0]["markdown"]
+    assert made[0]["key"] == "doctor-abc" and markdown.startswith("## Doctor")
+    assert "| error | tap-convention |" in markdown and "harness batched tokens/s ratio x2.00" in markdown
+    assert report.publish(str(tmp_path / "absent"), key="doctor-abc") == []  # a report that fails fails nothing
