@@ -103,14 +103,17 @@ def _counters(root: str, timeout_s: float) -> SpecDecode:
     return found
 
 
-def _requests(rows: list[dict], prompts: str | None) -> list[dict]:
-    """Completion bodies: the evaluation's rendered prompts as token ids, or the lines of `--prompts`
-    (JSONL: `prompt_ids` or `prompt`, optional `max_tokens`)."""
+def _requests(rows: list[dict], prompts: str | None) -> list[tuple[str, dict]]:
+    """(endpoint, body) per request: the evaluation's rendered prompts as token ids (`/v1/completions`, no
+    template applied again), or the lines of `--prompts` (JSONL: `prompt_ids`, or `prompt` text sent as a user
+    message to `/v1/chat/completions`, where the server applies its chat template; optional `max_tokens`)."""
     if prompts is None:
         if any("prompt_ids" not in r for r in rows):
             raise DoctorInputError("--engine-url: evaluate/prompts.jsonl has no prompt_ids; pass --prompts FILE")
-        return [{"prompt": r["prompt_ids"], "max_tokens": max(1, len(r["output_ids"]))} for r in rows]
-    bodies = []
+        return [
+            ("/v1/completions", {"prompt": r["prompt_ids"], "max_tokens": max(1, len(r["output_ids"]))}) for r in rows
+        ]
+    bodies: list[tuple[str, dict]] = []
     try:
         lines = Path(prompts).read_text(encoding="utf-8").splitlines()
     except OSError as err:
@@ -120,12 +123,17 @@ def _requests(rows: list[dict], prompts: str | None) -> list[dict]:
             continue
         try:
             row = json.loads(line)
-            prompt = row["prompt_ids"] if "prompt_ids" in row else row["prompt"]
-        except (ValueError, KeyError, TypeError):
+            size = {"max_tokens": int(row.get("max_tokens", 64))}
+            if "prompt_ids" in row:
+                bodies.append(("/v1/completions", {"prompt": [int(t) for t in row["prompt_ids"]]} | size))
+            else:
+                bodies.append(
+                    ("/v1/chat/completions", {"messages": [{"role": "user", "content": str(row["prompt"])}]} | size)
+                )
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise DoctorInputError(
-                f"--prompts {prompts}:{i}: expected a JSON object with prompt or prompt_ids"
+                f"--prompts {prompts}:{i}: expected a JSON object with prompt (text) or prompt_ids (integers)"
             ) from None
-        bodies.append({"prompt": prompt, "max_tokens": int(row.get("max_tokens", 64))})
     if not bodies:
         raise DoctorInputError(f"--prompts {prompts}: no prompts")
     return bodies
@@ -140,8 +148,8 @@ def measure_engine(url: str, rows: list[dict], prompts: str | None, timeout_s: f
     if not models:
         raise DoctorInputError(f"--engine-url: {root}/v1/models lists no model")
     before = _counters(root, timeout_s)
-    for body in bodies:
-        _post(root + "/v1/completions", body | {"model": models[0]["id"], "temperature": 0.0}, timeout_s)
+    for endpoint, body in bodies:
+        _post(root + endpoint, body | {"model": models[0]["id"], "temperature": 0.0}, timeout_s)
     after = _counters(root, timeout_s)
     width = len(after.accepted_per_pos)
     delta = SpecDecode(

@@ -209,9 +209,9 @@ class FakeVLLM:
                   for k, a in enumerate(self.accepted)]  # fmt: skip
         return "\n".join(lines) + "\n"
 
-    def complete(self, body: dict) -> None:
+    def complete(self, path: str, body: dict) -> None:
         with self.lock:
-            self.completions.append(body)
+            self.completions.append(body | {"path": path})
             n = int(body["max_tokens"])
             self.drafts += n
             self.accepted[0] += round(self.first * n)
@@ -238,7 +238,7 @@ class FakeVLLM:
                     self._send(json.dumps({"data": [{"id": "tiny-target"}]}))
 
             def do_POST(self) -> None:
-                fake.complete(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                fake.complete(self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 self._send(json.dumps({"choices": [{"text": "x"}]}))
 
         return Handler

@@ -131,7 +131,17 @@ def test_engine_url_counters(tmp_path):
         rows = [json.loads(line) for line in (run / "evaluate" / "prompts.jsonl").read_text().splitlines()]
         assert [c["prompt"] for c in low.completions] == [r["prompt_ids"] for r in rows]
         assert all(c["temperature"] == 0.0 and c["model"] == "tiny-target" for c in low.completions)
+        assert {c["path"] for c in low.completions} == {"/v1/completions"}  # rendered ids: no template again
         assert _bad(run, "train-serve", engine_url=close.url) == []
+        # Prompts of one's own: text goes to the chat endpoint (the server's template), ids to completions.
+        mine = tmp_path / "mine.jsonl"
+        mine.write_text('{"prompt": "hello", "max_tokens": 200}\n\n{"prompt_ids": [1, 2, 3]}\n')
+        close.completions.clear()
+        assert _bad(run, "train-serve", engine_url=close.url, prompts=str(mine)) == []
+        assert [(c["path"], c["max_tokens"]) for c in close.completions] == [
+            ("/v1/chat/completions", 200), ("/v1/completions", 64),
+        ]  # fmt: skip
+        assert close.completions[0]["messages"] == [{"role": "user", "content": "hello"}]
     finally:
         low.close()
         close.close()
@@ -209,3 +219,25 @@ def test_doctor_report_becomes_a_prefect_artifact(tmp_path, monkeypatch):
     assert made[0]["key"] == "doctor-abc" and markdown.startswith("## Doctor")
     assert "| error | tap-convention |" in markdown and "harness batched tokens/s ratio x2.00" in markdown
     assert report.publish(str(tmp_path / "absent"), key="doctor-abc") == []  # a report that fails fails nothing
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--prompts", "p.jsonl"], "--prompts needs --engine-url"),
+        (["--engine-url", "http://127.0.0.1:9/v1"], "--engine-url: GET http://127.0.0.1:9/v1/models"),
+        (["--engine-url", "URL", "--prompts", "bad.jsonl"], "bad.jsonl:2: expected a JSON object with prompt"),
+    ],
+)
+def test_doctor_command_refuses_an_unusable_engine_or_prompts(tmp_path, capsys, argv, says):
+    run = healthy_run(tmp_path / "run")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "fine"}\n{"prompt_ids": "not ids"}\n')
+    server = FakeVLLM(first=0.5)
+    try:
+        argv = [a.replace("URL", server.url).replace("bad.jsonl", str(tmp_path / "bad.jsonl")) for a in argv]
+        assert cli.main(["doctor", str(run), *argv]) == 2
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: doctor: ") and says in err and "\n" not in err
+    assert server.completions == []  # a bad prompts file is refused before anything is sent
