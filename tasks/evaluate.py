@@ -162,6 +162,8 @@ def evaluate_key(
     """The stage key (`draftsmith.core.stage.stage_key`): sections, prompts, checkpoint and seed; the code is
     this module's and the drafter family's."""
     code = [sys.modules[__name__], *families.code_of(drafter_cfg.kind)]
+    # `doctor` only decides whether a report is published: turning it off must not recompute the evaluation.
+    cfg = cfg.model_copy(update={"doctor": True})
     inputs = {"cfg": cfg, "drafter": drafter_cfg, "target": target, "prompts": prompts, "checkpoint": checkpoint}
     return stage_key(STAGE, code, **inputs, seed=seed)
 

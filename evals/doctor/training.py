@@ -166,9 +166,14 @@ def generalisation_gap(f: RunFacts) -> list[Finding]:
     )
     held = [g for g in gaps if g[0] == "held-out"] or gaps
     bench, gap, measured = max(held, key=lambda g: g[1])
+    depth = min(len(acc), int(f.results.get("draft_tokens_per_round") or len(acc)))
+    simulated = 1 + sum(math.prod(acc[: k + 1]) for k in range(depth))
+    acc_len = next(float(b["acc_len"]) for b in f.results["benches"] if b["bench"] == bench)
     evidence = [
         f"train/manifest.json metrics.acc_0 {acc[0]:.3f} (training batches, last steps)",
         f"evaluate/results.json benches[{bench}].position_accept[0] {measured:.3f}",
+        f"simulated acc_len on training batches at {depth} drafts {simulated:.3f} (acc_0..acc_{depth - 1}), "
+        f"measured on {bench} {acc_len:.3f}",
         "; ".join(f"{b} {1 - g / acc[0] if acc[0] else 0:.0%} of training" for b, g, _ in gaps),
         volume,
     ]

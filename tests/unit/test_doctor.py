@@ -241,3 +241,18 @@ def test_doctor_command_refuses_an_unusable_engine_or_prompts(tmp_path, capsys, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: doctor: ") and says in err and "\n" not in err
     assert server.completions == []  # a bad prompts file is refused before anything is sent
+
+
+def test_the_doctor_switch_does_not_key_the_evaluation(tiny_cfg):
+    from draftsmith.core.manifest import StageManifest
+    from draftsmith.tasks.evaluate import evaluate_key
+
+    prompts, checkpoint = (
+        StageManifest(stage="select_prompts", key="p", uri="."),
+        StageManifest(stage="train", key="t", uri="."),
+    )
+    on, off = tiny_cfg.evaluate, tiny_cfg.evaluate.model_copy(update={"doctor": False})
+    key = evaluate_key(on, tiny_cfg.drafter, tiny_cfg.target, prompts, checkpoint)
+    assert on.doctor and evaluate_key(off, tiny_cfg.drafter, tiny_cfg.target, prompts, checkpoint) == key
+    more = on.model_copy(update={"max_new_tokens": on.max_new_tokens + 1})
+    assert evaluate_key(more, tiny_cfg.drafter, tiny_cfg.target, prompts, checkpoint) != key
