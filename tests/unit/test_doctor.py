@@ -256,3 +256,23 @@ def test_the_doctor_switch_does_not_key_the_evaluation(tiny_cfg):
     assert on.doctor and evaluate_key(off, tiny_cfg.drafter, tiny_cfg.target, prompts, checkpoint) == key
     more = on.model_copy(update={"max_new_tokens": on.max_new_tokens + 1})
     assert evaluate_key(more, tiny_cfg.drafter, tiny_cfg.target, prompts, checkpoint) != key
+
+
+def test_block_drafter_export_with_taps_as_ids(tmp_path):
+    """DSpark configs list 0-based layer outputs (tap - 1); an export that wrote the taps themselves is off by +1."""
+    run = healthy_run(tmp_path / "run")
+    export = run / "export" / "vllm"
+    export.mkdir(parents=True)
+    config = {"target_layer_ids": [1, 2, 3], "dflash_config": {"target_layer_ids": [1, 2, 3]},
+              "draftsmith": {"method": "dspark", "taps": [1, 2, 3], "num_target_layers": 4}}  # fmt: skip
+    (export / "config.json").write_text(json.dumps(config))
+    found = _bad(run, "tap-convention")
+    assert [f.title for f in found] == [
+        "export/vllm/config.json: the engine will feed the drafter other layers (off by +1 layer)"
+    ]
+    assert "expects [0, 1, 2]" in found[0].evidence[0] and found[0].fix.startswith(
+        "draftsmith export RUN --engine vllm"
+    )
+    config["target_layer_ids"] = config["dflash_config"]["target_layer_ids"] = [0, 1, 2]
+    (export / "config.json").write_text(json.dumps(config))
+    assert _bad(run, "tap-convention") == []
