@@ -24,7 +24,7 @@ from draftsmith.drafters import confidence as cal
 from draftsmith.drafters import families
 from draftsmith.engines import hf
 from draftsmith.engines.base import template_hash
-from draftsmith.evals import doctor, evaluation, loaders, plots, report, suites
+from draftsmith.evals import evaluation, loaders, plots, report, suites
 from draftsmith.evals.records import BenchPrompt
 from draftsmith.tasks.prompt_pool import CATEGORIES
 from draftsmith.tasks.select_prompts import read_prompts
@@ -190,10 +190,7 @@ def evaluate(
         metrics = {"acc_len": results["acc_len"]["overall"], "speedup": results["speedup"]}
         return StageResult(files=files, counts={"prompts": results["prompts"]}, metrics=metrics)
 
-    manifest = run_stage(STAGE, out_uri, key, compute)
-    if cfg.doctor:
-        doctor.publish(out_uri.rstrip("/").rsplit("/", 1)[0], key=f"doctor-{key[:12]}")
-    return manifest
+    return run_stage(STAGE, out_uri, key, compute)
 
 
 def read_results(manifest: StageManifest) -> dict:

@@ -91,7 +91,7 @@ class EvaluateConfig(StrictModel):
     )
     doctor: bool = Field(
         True,
-        description="Publish `draftsmith doctor`'s findings on the run as a Prefect markdown artifact (inside a flow).",
+        description="Publish `draftsmith doctor`'s findings as a Prefect markdown artifact at the end of a flow run.",
     )
 
     @model_validator(mode="after")
