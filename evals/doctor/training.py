@@ -39,7 +39,8 @@ def training_health(f: RunFacts) -> list[Finding]:
     records = f.metrics
     out = _skipped(check, records)
     losses = [float(r["loss"]) for r in records if not r.get("skipped") and "loss" in r]
-    bad = [r["step"] for r in records if "loss" in r and not math.isfinite(float(r["loss"]))]
+    # A skipped step's non-finite loss was dropped by the trainer (counted above); one it kept was applied.
+    bad = [r["step"] for r in records if "loss" in r and not r.get("skipped") and not math.isfinite(float(r["loss"]))]
     losses = [x for x in losses if math.isfinite(x)]
     if bad:
         out.append(F.error(check, f"{len(bad)} steps recorded a non-finite loss", f"{METRICS}: loss at steps "
@@ -48,9 +49,9 @@ def training_health(f: RunFacts) -> list[Finding]:
         out.append(F.info(check, f"only {len(losses)} optimizer steps recorded: too few to judge the loss curve",
                           f"{METRICS}: {len(records)} records", fix="train.epochs, or select.num_prompts"))  # fmt: skip
         return out
-    out += _curve(check, f, losses, records)
-    out += _lr(check, f, records)
-    if not any(x.severity in ("warn", "error") for x in out):
+    shape = _curve(check, f, losses, records) + _lr(check, f, records)
+    out += shape
+    if not shape and not any(x.severity in ("warn", "error") for x in out):
         out.append(F.ok(check, "the loss fell and settled; the lr decayed", _loss_line(losses)))
     return out
 

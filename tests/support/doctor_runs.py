@@ -33,7 +33,7 @@ GOOD_PROBS = (0.7, 0.6, 0.5)  # conditional acceptance of draft positions 1..3 i
 class Plan:
     """What the healthy run looks like; each field set otherwise plants one defect."""
 
-    loss: str = "settling"  # settling | diverging | still-falling
+    loss: str = "settling"  # settling | diverging | still-falling | flat | plateau | nan
     lr: str = "cosine"  # cosine | constant
     skipped_steps: int = 0
     train_acc: tuple[float, ...] = (0.72, 0.62, 0.52)
@@ -60,6 +60,10 @@ def _losses(plan: Plan, steps: int) -> list[float]:
     for s in range(steps):
         if plan.loss == "still-falling":
             out.append(5.0 - 2.5 * s / steps)
+        elif plan.loss == "flat":
+            out.append(5.0 - 0.1 * s / steps)
+        elif plan.loss == "plateau":  # all of the fall in the first tenth
+            out.append(2.0 + 3.0 * math.exp(-s / (steps / 40)))
         else:
             out.append(2.0 + 3.0 * math.exp(-s / (steps / 5)))
             if plan.loss == "diverging" and s > 0.8 * steps:
@@ -70,6 +74,7 @@ def _losses(plan: Plan, steps: int) -> list[float]:
 def _metrics(plan: Plan, steps: int = 200) -> list[dict]:
     records = []
     for s, loss in enumerate(_losses(plan, steps), 1):
+        loss = math.nan if plan.loss == "nan" and s in (150, 151) else loss
         lr = 1e-3 if plan.lr == "constant" else 1e-4 + 0.45e-3 * (1 + math.cos(math.pi * s / steps))
         skipped = s > steps - plan.skipped_steps
         rec = {"step": s, "epoch": 0, "loss": loss, "lr": lr, "skipped": skipped, "tokens": 512, "loss_tokens": 200}

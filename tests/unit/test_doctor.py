@@ -263,9 +263,13 @@ def test_block_drafter_export_with_taps_as_ids(tmp_path):
     run = healthy_run(tmp_path / "run")
     export = run / "export" / "vllm"
     export.mkdir(parents=True)
-    config = {"target_layer_ids": [1, 2, 3], "dflash_config": {"target_layer_ids": [1, 2, 3]},
-              "draftsmith": {"method": "dspark", "taps": [1, 2, 3], "num_target_layers": 4}}  # fmt: skip
-    (export / "config.json").write_text(json.dumps(config))
+
+    def write(ids: list[int]) -> None:
+        config = {"target_layer_ids": ids, "dflash_config": {"target_layer_ids": ids},
+                  "draftsmith": {"method": "dspark", "taps": [1, 2, 3], "num_target_layers": 4}}  # fmt: skip
+        (export / "config.json").write_text(json.dumps(config))
+
+    write([1, 2, 3])
     found = _bad(run, "tap-convention")
     assert [f.title for f in found] == [
         "export/vllm/config.json: the engine will feed the drafter other layers (off by +1 layer)"
@@ -273,6 +277,27 @@ def test_block_drafter_export_with_taps_as_ids(tmp_path):
     assert "expects [0, 1, 2]" in found[0].evidence[0] and found[0].fix.startswith(
         "draftsmith export RUN --engine vllm"
     )
-    config["target_layer_ids"] = config["dflash_config"]["target_layer_ids"] = [0, 1, 2]
-    (export / "config.json").write_text(json.dumps(config))
+    write([0, 1, 2])
     assert _bad(run, "tap-convention") == []
+
+
+def test_loss_that_barely_moved(tmp_path):
+    text = _one(tmp_path, "training-health", loss="flat")
+    assert "barely moved" in text and "raise train.lr" in text
+
+
+def test_loss_flat_from_early_on(tmp_path):
+    report = diagnose(str(healthy_run(tmp_path / "run", Plan(loss="plateau"))))
+    found = [f for f in report.findings if f.check == "training-health"]
+    assert [(f.severity, f.title) for f in found] == [
+        ("info", "the loss was flat from early on: more epochs will not help")
+    ]
+
+
+def test_non_finite_loss_applied_and_skipped(tmp_path):
+    text = _one(tmp_path, "training-health", loss="nan")
+    assert text.startswith("error") and "2 steps recorded a non-finite loss" in text and "[150, 151]" in text
+    # The same losses on steps the trainer skipped were dropped, not applied: a warning about skips, no error.
+    skipped = Plan(loss="nan", skipped_steps=51)  # steps 150..200 skipped
+    found = _bad(healthy_run(tmp_path / "skipped", skipped), "training-health")
+    assert [f.severity for f in found] == ["warn"] and "dropped" in found[0].title
