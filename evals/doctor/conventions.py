@@ -11,7 +11,9 @@ from draftsmith.evals.doctor import findings as F
 from draftsmith.evals.doctor.facts import RunFacts
 from draftsmith.evals.doctor.findings import Finding
 
-FUSION_WEAK = 0.1  # a tap's fusion block norm over the strongest block's
+FUSION_ZERO = 1e-6  # largest |weight| of a block still at `drafter.init_fc_last_tap`'s zero start
+FUSION_INIT_MAX = (0.97, 1.01)  # largest |weight| over nn.Linear's init bound 1/sqrt(fan_in), when never updated
+FUSION_INIT_STD = 0.03  # relative distance of the block's std from the uniform init's bound/sqrt(3)
 MASK_TEMPLATE = 0.9  # loss tokens over all tokens above which the mask must cover prompts and template
 MASK_THIN = 0.05  # ... below which answers are mostly cut or unmasked
 TRUNCATED_WARN = 0.1  # samples cut at tokenize.max_length
@@ -72,21 +74,32 @@ def tap_convention(f: RunFacts) -> list[Finding]:
     return out
 
 
+def _untouched(block_max: float, block_std: float, bound: float) -> bool:
+    """A fusion block still at its start: all zeros (`drafter.init_fc_last_tap` zeroes every tap but the last), or
+    nn.Linear's U(-bound, bound) draw, whose largest |weight| sits at the bound and whose std is bound/sqrt(3).
+    Adam moves a weight only when its gradient is non-zero, so a block whose tap carried no signal stays there."""
+    if block_max < FUSION_ZERO:
+        return True
+    lo, hi = FUSION_INIT_MAX
+    return lo * bound <= block_max <= hi * bound and abs(block_std / (bound / 3**0.5) - 1) < FUSION_INIT_STD
+
+
 def _fusion(check: str, f: RunFacts) -> list[Finding]:
-    """The fusion layer (`fc.weight [H, N*Ht]`): a tap whose block the training barely grew is a tap whose
-    features carried no signal (a zero or constant capture) or a fusion never exercised."""
+    """The fusion layer (`fc.weight [H, N*Ht]`): a tap's block that training never updated is a tap whose
+    features never reached the loss (a zero or constant capture, a tap the fusion does not see)."""
     weight = f.tensor("fc.weight")
     taps = ((f.draft_config or {}).get("draftsmith") or {}).get("taps") or []
     if weight is None or not taps or weight.shape[1] % len(taps):
         return []
-    blocks = weight.float().reshape(weight.shape[0], len(taps), -1).norm(dim=(0, 2)).tolist()
-    strongest = max(blocks)
-    weak = [(t, b) for t, b in zip(taps, blocks, strict=True) if strongest > 0 and b < FUSION_WEAK * strongest]
-    if not weak:
+    blocks = weight.float().reshape(weight.shape[0], len(taps), -1).transpose(0, 1).reshape(len(taps), -1)
+    bound = 1 / weight.shape[1] ** 0.5
+    stats = [(float(b.abs().max()), float(b.std())) for b in blocks]
+    idle = [t for t, (m, s) in zip(taps, stats, strict=True) if _untouched(m, s, bound)]
+    if not idle:
         return []
-    shown = ", ".join(f"tap {t}: {b:.3g}" for t, b in zip(taps, blocks, strict=True))
-    return [F.warn(check, f"the fusion layer barely reads tap {', '.join(str(t) for t, _ in weak)}",
-                   f"train/model.safetensors fc.weight block norms {shown}",
+    shown = ", ".join(f"tap {t}: max {m:.3g}, std {s:.3g}" for t, (m, s) in zip(taps, stats, strict=True))
+    return [F.warn(check, f"the fusion weights of tap {', '.join(map(str, idle))} were never updated",
+                   f"train/model.safetensors fc.weight by tap: {shown} (initial bound {bound:.3g}, or 0)",
                    fix="check the hidden-state store's values at that tap (hidden_states), or choose another "
                        "hidden_states.taps")]  # fmt: skip
 

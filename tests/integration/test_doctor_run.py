@@ -28,8 +28,12 @@ def test_doctor_reads_every_fact_of_a_tiny_run(tiny_run, tmp_path, capsys):
     template = " ".join(f["title"] for f in found if f["check"] == "template")
     assert "chat template" not in template and "thinking" not in template
     assert [f["severity"] for f in found if f["check"] == "tap-convention"] == ["ok"]
-    rows = (run / "evaluate" / "prompts.jsonl").read_text().splitlines()
-    outputs = sum(len(json.loads(r)["output_ids"]) for r in rows)
+    rows = [json.loads(line) for line in (run / "evaluate" / "prompts.jsonl").read_text().splitlines()]
+    # The facts the evaluation records for the doctor agree with its own counts, row by row.
+    for r in rows:
+        assert len(r["round_accepts"]) == r["rounds"] and sum(r["round_accepts"]) == r["accepted"], r["id"]
+        assert r["prompt_tokens"] == len(r["prompt_ids"]) > 0, r["id"]
+    outputs = sum(len(r["output_ids"]) for r in rows)
     assert f"of {outputs} target tokens" in " ".join(by_check["draft-vocabulary"]["evidence"])
 
     config_path = run / "train" / "config.json"

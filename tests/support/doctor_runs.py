@@ -24,7 +24,7 @@ from draftsmith.drafters.verify import Sampling
 from draftsmith.evals import harness
 from draftsmith.tasks.evaluate import headline
 
-VOCAB, DRAFT_VOCAB, TAPS, HIDDEN, G = 256, 64, [1, 2, 3], 8, 3
+VOCAB, DRAFT_VOCAB, TAPS, HIDDEN, G = 256, 64, [1, 2, 3], 64, 3
 TEMPLATE = "a" * 64
 GOOD_PROBS = (0.7, 0.6, 0.5)  # conditional acceptance of draft positions 1..3 in a healthy run
 
@@ -42,7 +42,9 @@ class Plan:
     copying: bool = False  # answers copied from the prompt
     outside_vocab: float = 0.0  # share of answer tokens outside the draft vocabulary
     layer_ids: list[int] = field(default_factory=lambda: list(TAPS))
-    weak_tap: int | None = None  # index of a tap whose fusion block stays near zero
+    idle_tap: int | None = None  # index of a tap whose fusion block is left at its start
+    idle_start: str = "uniform"  # uniform (nn.Linear's init) | zero (drafter.init_fc_last_tap's)
+    last_tap_identity: bool = False  # init_fc_last_tap's identity on the last tap, small trained weights on the others
     thinking: tuple[str, str] = ("off", "off")  # regenerate, tokenize
     eval_template: str = TEMPLATE
     loss_share: float = 0.4
@@ -147,9 +149,19 @@ def _config(plan: Plan) -> dict:
 
 def _weights(plan: Plan) -> bytes:
     g = torch.Generator().manual_seed(0)
-    fc = torch.randn(HIDDEN, len(TAPS) * HIDDEN, generator=g)
-    if plan.weak_tap is not None:
-        fc[:, plan.weak_tap * HIDDEN : (plan.weak_tap + 1) * HIDDEN] *= 0.01
+    fan_in = len(TAPS) * HIDDEN
+    fc = torch.randn(HIDDEN, fan_in, generator=g)
+    if plan.last_tap_identity:  # trained from init_fc_last_tap's start: small, below the default init's bound
+        fc = 0.3 * fc / fan_in**0.5
+        fc[:, -HIDDEN:] += torch.eye(HIDDEN)
+    if plan.idle_tap is not None:
+        block = fc[:, plan.idle_tap * HIDDEN : (plan.idle_tap + 1) * HIDDEN]
+        bound = 1 / fan_in**0.5
+        block.copy_(
+            torch.zeros_like(block)
+            if plan.idle_start == "zero"
+            else torch.rand(block.shape, generator=g) * 2 * bound - bound
+        )
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[:DRAFT_VOCAB] = True
     tensors = {"fc.weight": fc, "midlayer.mlp.weight": torch.randn(64, 64, generator=g), "t2d": t2d}

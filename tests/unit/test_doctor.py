@@ -88,9 +88,15 @@ def test_tap_ids_off_by_one(tmp_path):
     assert "draftsmith export RUN --engine vllm" in text
 
 
-def test_fusion_block_never_exercised(tmp_path):
-    text = _one(tmp_path, "tap-convention", weak_tap=1)
-    assert "barely reads tap 2" in text and "fc.weight" in text
+@pytest.mark.parametrize("start", ["uniform", "zero"])
+def test_fusion_block_never_exercised(tmp_path, start):
+    text = _one(tmp_path, "tap-convention", idle_tap=1, idle_start=start)
+    assert "fusion weights of tap 2 were never updated" in text and "fc.weight by tap" in text
+
+
+def test_fusion_trained_from_the_last_tap_is_not_idle(tmp_path):
+    """`drafter.init_fc_last_tap` starts the other taps at zero; trained, they stay below the init bound."""
+    assert _bad(healthy_run(tmp_path / "run", Plan(last_tap_identity=True)), "tap-convention") == []
 
 
 def test_thinking_mode_differs_from_the_evaluation(tmp_path):
