@@ -120,7 +120,9 @@ def template_mode(f: RunFacts) -> list[Finding]:
     mode = {"regenerate": _on(reg.info.get("thinking")), "tokenize": _on(tok.info.get("thinking"))}
     served = (f.results or {}).get("chat_template") or {}
     if served:
-        sha["evaluate"], mode["evaluate"] = served.get("sha256", ""), _on(served.get("thinking"))
+        # The harness renders with the template's default mode, which some templates set on: not comparable
+        # with an explicit on/off, only worth a warning when the data was made in thinking mode.
+        sha["evaluate"], mode["evaluate"] = served.get("sha256", ""), str(served.get("thinking", ""))
     where = {"regenerate": "regenerate/manifest.json info", "tokenize": "tokenize/manifest.json info",
              "evaluate": "evaluate/results.json chat_template"}  # fmt: skip
     shown = "; ".join(f"{where[k]}: template {v[:12]}, thinking {mode[k]}" for k, v in sha.items())
@@ -128,9 +130,14 @@ def template_mode(f: RunFacts) -> list[Finding]:
         out.append(F.error(check, "the data was rendered with another chat template than the evaluation's", shown,
                            fix="regenerate with the served template (regenerate.chat_template_sha256, "
                                "tokenize.allow_provenance_mismatch: false)"))  # fmt: skip
-    if len(set(mode.values())) > 1:
-        out.append(F.error(check, "thinking mode differs between the data and the evaluation", shown,
+    explicit = {k: v for k, v in mode.items() if v in ("on", "off")}
+    if len(set(explicit.values())) > 1:
+        out.append(F.error(check, "thinking mode differs between stages", shown,
                            fix="regenerate.thinking and tokenize.thinking as the target is served"))  # fmt: skip
+    elif mode.get("evaluate") not in (None, "on", "off") and "on" in explicit.values():
+        title = "the data is in thinking mode; the evaluation renders prompts in the template's default mode"
+        fix = "serve with the data's mode (enable_thinking), or regenerate.thinking: false"
+        out.append(F.warn(check, title, shown, fix=fix))
     out += _mask(check, tok.counts)
     if not any(x.severity in ("warn", "error") for x in out):
         out.append(F.ok(check, "one chat template and thinking mode from data to evaluation", shown))

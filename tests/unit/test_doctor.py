@@ -101,7 +101,13 @@ def test_fusion_trained_from_the_last_tap_is_not_idle(tmp_path):
 
 def test_thinking_mode_differs_from_the_evaluation(tmp_path):
     text = _one(tmp_path, "template", thinking=("on", "on"))
-    assert "thinking mode differs" in text and "regenerate.thinking" in text
+    assert text.startswith("warn") and "the data is in thinking mode" in text and "enable_thinking" in text
+
+
+def test_thinking_mode_differs_between_stages(tmp_path):
+    text = _one(tmp_path, "template", thinking=("off", "on"))
+    assert text.startswith("error") and "thinking mode differs between stages" in text
+    assert "regenerate/manifest.json info: template aaaaaaaaaaaa, thinking off" in text
 
 
 def test_chat_template_differs_from_the_evaluation(tmp_path):
