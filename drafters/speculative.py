@@ -65,6 +65,7 @@ class Decoded:
     position_tries: list[int] = field(default_factory=list)  # rounds that verified draft position k
     position_accepts: list[int] = field(default_factory=list)  # ... and accepted it
     confidence: list[tuple[list[float], int]] = field(default_factory=list)  # (logits per slot, accepted)
+    round_accepts: list[int] = field(default_factory=list)  # drafts accepted in each round, in order
 
     def record(self, draft: Draft, n_acc: int) -> None:
         g = draft.tokens.numel()
@@ -72,6 +73,7 @@ class Decoded:
         for lst, size in ((self.accept_hist, g + 1), (self.position_tries, g), (self.position_accepts, g)):
             lst.extend([0] * (size - len(lst)))
         self.accept_hist[n_acc] += 1
+        self.round_accepts.append(n_acc)
         for k in range(min(g, n_acc + 1)):
             self.position_tries[k] += 1
             self.position_accepts[k] += int(k < n_acc)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith import cli_baseline, cli_deploy, cli_eval, cli_speedup
+from draftsmith import cli_baseline, cli_deploy, cli_doctor, cli_eval, cli_speedup
 from draftsmith.core.config import PipelineConfig, RecipeError, load_recipe, note_overrides
 from draftsmith.core.redact import install_log_redaction, redact
 
@@ -204,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_speedup.add_parsers(sub)
     cli_deploy.add_parsers(sub)
     cli_baseline.add_parsers(sub)
+    cli_doctor.add_parsers(sub)
     return parser
 
 
@@ -218,6 +219,7 @@ COMMANDS = {
     "speedup": cli_speedup.cmd_speedup,
     **cli_deploy.COMMANDS,
     **cli_baseline.COMMANDS,
+    **cli_doctor.COMMANDS,
 }
 
 

@@ -110,11 +110,11 @@ def _run_group(target, tok, decoder: Decoder, group: list[BenchPrompt], s: EvalS
         else:
             base = plain_decode_batch(target, ids, generators=g_base, **how)
             spec = decoder.many(target, ids, rule=s.rule, generators=g_spec, **how)
-        for p, b, sp in zip(members, base, spec, strict=True):
+        for p, prompt, b, sp in zip(members, ids, base, spec, strict=True):
             answers[p.id].append(tok.decode(b.tokens, skip_special_tokens=True))
             # A batch's rows share its wall time: each row is charged its share, so sums stay wall time.
             b.seconds, sp.seconds = b.seconds / len(members), sp.seconds / len(members)
-            rows.append(_row(p, turn, b, sp))
+            rows.append(_row(p, turn, b, sp) | {"prompt_tokens": len(prompt), "prompt_ids": prompt.tolist()})
     return rows
 
 
@@ -131,6 +131,8 @@ def _row(prompt: BenchPrompt, turn: int, base: Decoded, spec: Decoded) -> dict:
         "accept_hist": spec.accept_hist,
         "position_tries": spec.position_tries,
         "position_accepts": spec.position_accepts,
+        # Per round, in order: with `prompt_tokens` they place each round at its context length (`draftsmith doctor`).
+        "round_accepts": spec.round_accepts,
         "confidence": spec.confidence,
         "identical": spec.tokens == base.tokens,
         "output_ids": spec.tokens,

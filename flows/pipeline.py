@@ -8,6 +8,7 @@ from prefect import flow
 from draftsmith.core import runlock, storage
 from draftsmith.core.config import PipelineConfig, record_recipe
 from draftsmith.core.manifest import StageManifest
+from draftsmith.evals import doctor
 from draftsmith.flows import dispatch
 from draftsmith.flows.stages import key_here, run_here
 
@@ -44,4 +45,8 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
                 # Tagged, not wrapped: retry policies and callers still see the stage's own exception type.
                 setattr(err, _STAGE_ATTR, stage)
                 raise
+        evaluated = done.get("evaluate")
+        # Here, not in the stage: a run whose stages all came from a cache still shows the findings.
+        if config.evaluate.doctor and evaluated is not None:
+            doctor.publish(run_dir, key=f"doctor-{evaluated.key[:12]}")
         return done

@@ -89,6 +89,10 @@ class EvaluateConfig(StrictModel):
     confidence_threshold: float = Field(
         0.5, ge=0.0, le=1.0, description="DSpark dynamic verification: keep drafts while calibrated survival >= this."
     )
+    doctor: bool = Field(
+        True,
+        description="Publish `draftsmith doctor`'s findings as a Prefect markdown artifact at the end of a flow run.",
+    )
 
     @model_validator(mode="after")
     def _rule_fits_sampling(self) -> "EvaluateConfig":
