@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -209,6 +209,31 @@ def run(cfg: PipelineConfig, run_root: str, max_steps: int | None) -> dict:
     return result
 
 
+def recipe(path: str, sets: list[str], quick: bool) -> PipelineConfig:
+    """The recipe with `--quick`'s and `--set`'s overrides; a bad one exits 2 with its one-line reason."""
+    from draftsmith.core.config import RecipeError
+
+    overrides = dict(QUICK if quick else {})
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            _usage(f"--set {item!r}: KEY=VALUE expected")
+        overrides[key] = yaml.safe_load(value)
+    try:
+        cfg = load_recipe(path, overrides)
+    except (RecipeError, OSError) as err:
+        _usage(str(err))
+    if cfg.drafter.kind != "eagle3" or cfg.hidden_states.mode != "offline":
+        kind, mode = cfg.drafter.kind, cfg.hidden_states.mode
+        _usage(f"{path}: drafter.kind {kind!r}, hidden_states.mode {mode!r}: the peer's EAGLE-3 needs eagle3, offline")
+    return cfg
+
+
+def _usage(message: str) -> NoReturn:
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=str(RECIPE), help="An EAGLE-3 recipe (default: the embedded default).")
@@ -218,18 +243,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="Toy size in its own run folder (smoke test).")
     parser.add_argument("--json", help="Also write the figures to this JSON file.")
     args = parser.parse_args(argv)
+    cfg = recipe(args.recipe, args.set, args.quick)
+    if args.max_steps is not None and args.max_steps < 1:
+        _usage(f"--max-steps: must be at least 1, got {args.max_steps}")
     for python in (PEER_PYTHON, VLLM_PYTHON):
         if not python.exists():  # `make bench` runs every benchmark; these venvs come with `make test`
             print(f"skipped: no environment at {python} (make {python.parents[1].name}/.installed)")
             return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
-    sets = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
-    overrides = (QUICK if args.quick else {}) | sets
-    cfg = load_recipe(args.recipe, overrides)
-    if cfg.drafter.kind != "eagle3" or cfg.hidden_states.mode != "offline":
-        why = "drafter.kind must be eagle3 and hidden_states.mode offline (the peer's EAGLE-3 trains from the store)"
-        print(f"{args.recipe}: {why}", file=sys.stderr)
-        raise SystemExit(2)
     result = run(cfg, args.run_root, args.max_steps or (QUICK_STEPS if args.quick else None))
     print(table(result), flush=True)
     if args.json:

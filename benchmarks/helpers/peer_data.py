@@ -7,8 +7,8 @@ sampler) and `token_freq.pt` (`{token id: count}` over loss tokens, the peer's v
 
 A store written with `hidden_states.positions: supervised` holds the last hidden state only at rows whose next
 token is a loss token. The peer reads it at every loss token (its `shift_batch` pairs the row of token t with
-the target state at t + 1), so its loss mask is narrowed to the rows the store holds: the answer's last token,
-whose next token lies past the answer, drops out.
+the target state at t + 1), so its loss mask is narrowed to the rows the store holds: the prediction of the
+token after the answer's last one drops out.
 """
 
 import json
