@@ -77,6 +77,22 @@ def upstream(cfg: PipelineConfig, run: str) -> dict[str, StageManifest]:
     return out
 
 
+def _meter():
+    """The machine's load over a training (`evals.machine_load`): a timing on shared cores is not an idle one's.
+    The trainers are child processes, reaped before the meter stops, so their CPU time counts as this tree's."""
+    from draftsmith.evals.machine_load import LoadMeter
+
+    meter = LoadMeter()
+    meter.start()
+    return meter
+
+
+def _load_text(load: dict) -> str:
+    other = load.get("other_cores")
+    busy = " BUSY: not an idle machine's timing" if load.get("busy") else ""
+    return f"load avg {load['load_avg_1m']:.1f}, other processes {'?' if other is None else f'{other:.2f}'} cores{busy}"
+
+
 def train_ours(cfg: PipelineConfig, up: dict[str, StageManifest], folder: Path, max_steps: int | None) -> dict:
     """Our train stage, from scratch and timed, then its vLLM export."""
     from draftsmith.drafters.export.bundle import export_run
@@ -85,15 +101,15 @@ def train_ours(cfg: PipelineConfig, up: dict[str, StageManifest], folder: Path, 
     run = folder / "ours"
     shutil.rmtree(run, ignore_errors=True)
     record_recipe(cfg, str(run))  # `export_run` reads the target from it
-    start = time.perf_counter()
+    meter, start = _meter(), time.perf_counter()
     manifest = train(
         cfg.train, cfg.drafter, cfg.target, cfg.hidden_states, up["tokenize"], up["hidden_states"],
         seed=cfg.seed, out_uri=str(run / "train"), max_steps=max_steps,
     )  # fmt: skip
-    wall = time.perf_counter() - start
+    wall, load = time.perf_counter() - start, meter.stop().to_dict()
     exported = export_run(str(run), "vllm", platform="cpu")
     steps, tokens = int(manifest.counts["steps"]), int(manifest.counts["padded_tokens"])
-    return {"draft_dir": str(exported.folder), "steps": steps, "tokens": tokens, "wall_s": wall}
+    return {"draft_dir": str(exported.folder), "steps": steps, "tokens": tokens, "wall_s": wall, "load": load}
 
 
 def train_peer(cfg: PipelineConfig, up: dict[str, StageManifest], folder: Path, steps: int) -> dict:
@@ -116,16 +132,17 @@ def train_peer(cfg: PipelineConfig, up: dict[str, StageManifest], folder: Path, 
     (work / "job.json").write_text(json.dumps(job, indent=1))
     cmd = [str(PEER_PYTHON), "-m", "benchmarks.workers.peer_fit", str(work / "job.json")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    start = time.perf_counter()
+    meter, start = _meter(), time.perf_counter()
     with (work / "train.log").open("w") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=env, timeout=6 * 3600)
-    wall = time.perf_counter() - start
+    wall, load = time.perf_counter() - start, meter.stop().to_dict()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (work / "train.log").read_text()[-4000:]
         raise RuntimeError(f"peer training exited {proc.returncode} (log {work / 'train.log'}):\n{tail}")
     r = json.loads(lines[-1])
     return {"draft_dir": r["checkpoint"], "steps": r["steps"], "tokens": r["tokens"], "wall_s": wall} | {
+        "load": load,
         "epochs": r["epochs"],
         "trainer_s": r["train_s"],
         "data": data,
@@ -185,6 +202,7 @@ def table(result: dict) -> str:
     ratio = result["train"]["wall_ratio"]
     lines += [
         f"train wall s: ours {o['wall_s']:.1f}, peer {p['wall_s']:.1f} (ours/peer {ratio:.2f}x)",
+        f"machine while training: ours {_load_text(o['load'])}; peer {_load_text(p['load'])}",
         f"optimizer steps: ours {o['steps']}, peer {p['steps']}; "
         f"tokens: ours {o['tokens']} (padded), peer {p['tokens']} (packed)",
         f"answers differing between the two servers: {result['answers_differing']} of {result['answers_compared']}",

@@ -69,7 +69,10 @@ def test_both_trainers_ran_the_same_steps_and_speculation_left_answers_equal(qui
     assert ours["wall_s"] > 0 and peer["wall_s"] > 0 and peer["trainer_s"] <= peer["wall_s"]
     assert r["train"]["wall_ratio"] == pytest.approx(ours["wall_s"] / peer["wall_s"])
     assert ours["tokens"] > 0 and peer["tokens"] > 0
+    for side in (ours, peer):
+        assert side["load"]["cores"] >= 1 and side["load"]["load_avg_1m"] >= 0 and side["load"]["other_cores"] >= 0
     assert peer["data"]["samples"] > 0 and peer["data"]["loss_tokens"] > 0
     assert r["answers_compared"] == r["benches"]["overall"]["prompts"]
     assert r["answers_differing"] == 0, "greedy speculation must leave both servers' answers equal to the target's"
-    assert "train wall s: ours" in stdout and "goal (ours >=" in stdout
+    assert "train wall s: ours" in stdout and "machine while training: ours load avg" in stdout
+    assert "goal (ours >=" in stdout
