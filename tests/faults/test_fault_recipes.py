@@ -113,3 +113,12 @@ def test_a_recipe_that_opens_with_a_byte_order_mark_loads_as_without(tmp_path):
     path = tmp_path / "bom.yaml"
     path.write_bytes(codecs.BOM_UTF8 + TINY.encode())
     assert load_recipe(str(path)) == load_recipe(_recipe(tmp_path, TINY, "plain.yaml"))
+
+
+def test_a_lost_time_shorter_than_two_heartbeats_is_refused_naming_both(tmp_path):
+    text = TINY + "dispatch:\n  heartbeat_s: 10\n  lost_after_s: 15\n"
+    with pytest.raises(
+        RecipeError, match=r"dispatch: lost_after_s \(15.0 s\) is less than two heartbeats \(heartbeat_s"
+    ):
+        load_recipe(_recipe(tmp_path, text))
+    assert load_recipe(_recipe(tmp_path, TINY + "dispatch:\n  retries: 2\n", "ok.yaml")).dispatch.retries == 2

@@ -1,0 +1,50 @@
+"""A worker lost with its node mid-stage, and GPU slots held by a killed stage, on a real Prefect server with
+real process workers (`tests/support/faults/orchestration.py` describes each scenario).
+
+Prefect alone would keep the dispatched flow run Running forever, and the dispatching run waiting on it: the
+dispatch watches the stage's heartbeat, marks it Crashed within `dispatch.lost_after_s` plus two polls, then
+fails in one line or dispatches it again to a live worker. A killed stage's GPU slots come back once its
+concurrency lease expires (`SLOT_LEASE_S`), not after Prefect's default five minutes.
+"""
+
+import pytest
+
+from draftsmith.core.gpus import SLOT_LEASE_S
+from tests.support.faults.orchestration import HEARTBEAT_S, LOST_AFTER_S, gpu_slots_killed, killed_worker
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+# Lost after LOST_AFTER_S without a new beat, seen by a poll every HEARTBEAT_S, the Crashed state then set;
+# a few seconds more for a loaded machine.
+DETECTED_WITHIN_S = LOST_AFTER_S + 2 * HEARTBEAT_S + 5
+
+
+def test_a_worker_killed_mid_stage_fails_the_dispatching_run_in_one_line(tmp_path):
+    r = killed_worker(tmp_path, retries=0)
+    d = r.detail
+    assert d["exit"] == 3, d
+    line = d["last_line"]
+    assert line.startswith("error: stage select_prompts: flow run select_prompts[tiny-cpu] ("), d
+    assert "on pool local-gpu was lost: Running, but its heartbeat stood still for " in line, line
+    assert "; marked Crashed. Check the pool's workers, then rerun" in line and "\n" not in line, line
+    assert d["states"] == ["CRASHED"], d
+    assert d["crashed_message"].startswith("lost by draftsmith's dispatch: Running, but its heartbeat"), d
+    assert 0 < r.detected_within_s <= DETECTED_WITHIN_S, r
+    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r
+
+
+def test_a_lost_stage_is_dispatched_again_and_finishes_once_as_an_undisturbed_run(tmp_path):
+    r = killed_worker(tmp_path, retries=1)
+    d = r.detail
+    assert d["exit"] == 0 and d["last_line"].startswith("done "), d
+    assert d["states"] == ["CRASHED", "COMPLETED"], d
+    assert 0 < r.detected_within_s <= DETECTED_WITHIN_S, r
+    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r
+
+
+def test_a_killed_holders_gpu_slots_come_back_within_the_lease_and_the_waiting_runs_finish(tmp_path):
+    r = gpu_slots_killed(tmp_path)
+    d = r.detail
+    assert d["held_by_killed"] == 2, d
+    # Released once the lease expired: not sooner (the holder was only killed), not much later.
+    assert SLOT_LEASE_S - 50 < r.detected_within_s <= SLOT_LEASE_S + 15, r
+    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r

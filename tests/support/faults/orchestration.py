@@ -1,0 +1,291 @@
+"""Orchestration faults on a real Prefect server with real process workers.
+
+`killed_worker`: the select stage of the tiny recipe is dispatched to the `local-gpu` pool as a `stage/local-gpu`
+flow run, whose prompt file is a FIFO nobody writes, so the stage is certainly mid-work (blocked reading its
+input) when the worker that runs it is SIGKILLed with its process group and the flow run's own process (a
+lost node takes both; Prefect's process worker starts the flow run in a session of its own). The dispatching
+side, `dispatch.remote` in a process of its own, must call the run lost within `dispatch.lost_after_s` plus two
+polls, mark it Crashed, and then fail in one line (`retries=0`) or dispatch the stage again, where a second,
+live worker runs it to the end on the real prompt file: the manifest's files must be byte-equal to an
+undisturbed run's, and exactly one flow run Completed.
+
+`gpu_slots_killed`: a process holding both slots of `gpu:local-gpu` through `draftsmith.core.gpus.gpu_slots`
+is SIGKILLed while two more, each asking for both slots, wait; the slots must come back within the lease
+(`SLOT_LEASE_S`) plus the server's repossessor loop (1 s here), both waiting holders must run, and no slot
+may stay taken.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.faults.result import FaultResult
+from tests.support.paths import ROOT, TINY
+from tests.support.prefect import HTTP, PREFECT, Server, get_json, prefect_server_at, stop
+
+POOL = "local-gpu"
+STAGE = "select_prompts"
+HEARTBEAT_S, LOST_AFTER_S = 1.0, 6.0
+# Workers poll every 15 s by default; the repossessor looks for expired slot leases every 15 s.
+FAST = {
+    "PREFECT_WORKER_QUERY_SECONDS": "1",
+    "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+    "PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "1",
+}
+PROMPTS = [{"prompt": f"Question {i}: what is {i} times {i + 7}?"} for i in range(30)]
+WAIT_S = 240  # a guard against hangs: every wait below ends in seconds when things work
+
+# The dispatching side: `dispatch.remote` for the select stage, reporting how it ended on its last line.
+_PARENT = """
+import json, sys
+from draftsmith.core.config import PipelineConfig
+from draftsmith.flows import dispatch
+config = PipelineConfig.model_validate(json.loads(open(sys.argv[1]).read()))
+try:
+    manifest = dispatch.remote(config, "select_prompts", sys.argv[2], {}, sys.argv[3])
+except dispatch.DispatchError as err:
+    print("error: " + str(err), flush=True)
+    sys.exit(3)
+print("done " + manifest.key, flush=True)
+"""
+# Holds argv[1] slots of gpu:local-gpu for argv[2] seconds, saying when it has them.
+_HOLD_SLOTS = """
+import sys, time
+from draftsmith.core.config import Resources
+from draftsmith.core.gpus import gpu_slots
+with gpu_slots(Resources(work_pool="local-gpu", gpus=int(sys.argv[1]))):
+    print("held", time.time(), flush=True)
+    time.sleep(float(sys.argv[2]))
+print("released", flush=True)
+"""
+
+
+def _post(server: Server, path: str, body: dict) -> Any:
+    req = urllib.request.Request(
+        f"{server.api_url}/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with HTTP.open(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+@contextmanager
+def _client(server: Server) -> Iterator[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: server.api_url}), get_client(sync_client=True) as client:
+        yield client
+
+
+def _deploy_stage_pool(server: Server, gpus: int) -> None:
+    """The `local-gpu` process pool from its template, its `gpu:local-gpu` limit and `stage/local-gpu`, as
+    `draftsmith deploy --local` makes them (without the other deployments, which only cost time here)."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
+
+    from draftsmith.core.gpus import gpu_limit_name
+    from draftsmith.pools import load_base_job_template
+
+    with _client(server) as client:
+        template = load_base_job_template(POOL)
+        client.create_work_pool(WorkPoolCreate(name=POOL, type="process", base_job_template=template))
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=gpu_limit_name(POOL), limit=gpus))
+        client.create_deployment(
+            flow_id=client.create_flow_from_name("stage"),
+            name=POOL,
+            work_pool_name=POOL,
+            entrypoint="flows/stages.py:stage_flow",
+            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
+        )
+
+
+def _active_slots(server: Server) -> int:
+    return int(get_json(f"{server.api_url}/v2/concurrency_limits/gpu:{POOL}")["active_slots"])
+
+
+def _worker(server: Server, log: Path) -> subprocess.Popen:
+    with log.open("wb") as fh:
+        return subprocess.Popen(
+            [str(PREFECT), "worker", "start", "--pool", POOL, "--type", "process"],
+            cwd=log.parent, env=server.env | FAST, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def _recipe(work: Path, prompts: Path, retries: int) -> dict:
+    recipe = yaml.safe_load(TINY.read_text())
+    recipe["select"] |= {"source": "jsonl", "path": str(prompts), "resources": {"work_pool": POOL}}
+    recipe["dispatch"] = {"heartbeat_s": HEARTBEAT_S, "lost_after_s": LOST_AFTER_S, "retries": retries}
+    return recipe
+
+
+def _undisturbed(work: Path, recipe: dict) -> tuple[str, dict[str, str]]:
+    """The stage key and `{file: digest}` of the select stage run without any fault, in this process."""
+    from draftsmith.core.config import PipelineConfig
+    from draftsmith.flows.stages import key_here
+    from draftsmith.tasks.select_prompts import select_prompts
+
+    config = PipelineConfig.model_validate(recipe)
+    manifest = select_prompts(config.select, config.target, seed=config.seed, out_uri=str(work / "clean" / STAGE))
+    return key_here(config, STAGE, {}), {f.name: f.digest for f in manifest.files}
+
+
+def _stage_runs(server: Server) -> list[dict]:
+    runs = _post(server, "flow_runs/filter", {"flow_runs": {"name": {"like_": STAGE}}})
+    return sorted(runs, key=lambda r: r["created"])
+
+
+def _wait_running(server: Server, run_dir: Path, parent: subprocess.Popen) -> dict:
+    """The heartbeat of the dispatched stage once its flow run is Running and blocked on its input."""
+    from draftsmith.core.heartbeat import read_beat
+
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if parent.poll() is not None:
+            raise RuntimeError(f"the dispatching process ended {parent.returncode} before the stage ran")
+        beat = read_beat(str(run_dir), STAGE)
+        runs = _stage_runs(server)
+        if beat and runs and runs[-1]["state_type"] == "RUNNING" and beat["flow_run"] == runs[-1]["id"]:
+            return beat
+        time.sleep(0.5)
+    raise TimeoutError(f"the dispatched stage was not Running within {WAIT_S} s")
+
+
+def _parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _kill_node(flow_pid: int) -> float:
+    """SIGKILL the flow run's process group and those of the processes above it up to the worker this module
+    started (each in a session of its own), as a lost node would; when."""
+    groups, pid = [os.getpgid(flow_pid)], _parent_pid(flow_pid)
+    while pid > 1 and os.getpgid(pid) != os.getpgrp():
+        groups.append(os.getpgid(pid))
+        pid = _parent_pid(pid)
+    when = time.time()
+    for group in dict.fromkeys(groups):
+        os.killpg(group, signal.SIGKILL)
+    return when
+
+
+def killed_worker(workdir: str | Path | None = None, retries: int = 0) -> FaultResult:
+    """A worker and its flow run SIGKILLed mid-stage; `retries` as `dispatch.retries`."""
+    with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        with prefect_server_at(work, FAST) as server:
+            return _killed_worker(server, work, retries)
+
+
+def _killed_worker(server: Server, work: Path, retries: int) -> FaultResult:
+    _deploy_stage_pool(server, gpus=1)
+    prompts, run_dir = work / "prompts.jsonl", work / "run"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    recipe = _recipe(work, prompts, retries)
+    key, clean = _undisturbed(work, recipe)
+    (work / "recipe.json").write_text(json.dumps(recipe))
+    real = prompts.with_suffix(".real")
+    prompts.rename(real)
+    os.mkfifo(prompts)  # the stage blocks reading it: certainly mid-work when its node goes
+    workers = [_worker(server, work / f"worker-{i}.log") for i in range(1 + (retries > 0))]
+    argv = [sys.executable, "-c", _PARENT, str(work / "recipe.json"), str(run_dir), key]
+    parent = subprocess.Popen(argv, cwd=ROOT, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        beat = _wait_running(server, run_dir, parent)
+        killed_at = _kill_node(int(beat["pid"]))
+        os.replace(real, prompts)  # a stage dispatched again reads the real file
+        out, err = parent.communicate(timeout=WAIT_S)
+    finally:
+        for proc in [parent, *workers]:
+            stop(proc, sigterms=2, wait_s=10)
+    last = (out.strip().splitlines() or [""])[-1]
+    runs = _stage_runs(server)
+    crashed = [r for r in runs if r["state_type"] == "CRASHED"]
+    completed = [r for r in runs if r["state_type"] == "COMPLETED"]
+    detected = datetime.fromisoformat(crashed[0]["state"]["timestamp"]).timestamp() - killed_at if crashed else -1.0
+    manifest = run_dir / STAGE / "manifest.json"
+    files = {f["name"]: f["digest"] for f in json.loads(manifest.read_text())["files"]} if manifest.exists() else {}
+    finished = bool(files) and last == f"done {key}"
+    return FaultResult(
+        fault=f"worker killed mid-stage, {retries} retr{'y' if retries == 1 else 'ies'}",
+        units=1,
+        lost=0 if (finished if retries else last.startswith("error: ") and not files) else 1,
+        duplicated=max(0, len(completed) - 1),
+        corrupted=sum(files.get(name) != digest for name, digest in clean.items()) if files else 0,
+        injected=1,
+        detected_within_s=detected,
+        detail={
+            "exit": parent.returncode,
+            "last_line": last,
+            "stderr": err[-4000:],
+            "states": [r["state_type"] for r in runs],
+            "crashed_message": crashed[0]["state"]["message"] if crashed else None,
+            "slots_leaked": _active_slots(server),
+        },
+    )
+
+
+def gpu_slots_killed(workdir: str | Path | None = None) -> FaultResult:
+    """A holder of every `gpu:local-gpu` slot SIGKILLed while two more runs wait for them."""
+    with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        with prefect_server_at(work, FAST) as server:
+            _deploy_stage_pool(server, gpus=2)
+            return _gpu_slots_killed(server)
+
+
+def _holder(server: Server, seconds: float) -> subprocess.Popen:
+    argv = [sys.executable, "-c", _HOLD_SLOTS, "2", str(seconds)]
+    return subprocess.Popen(argv, cwd=ROOT, env=server.env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _gpu_slots_killed(server: Server) -> FaultResult:
+    from draftsmith.core.gpus import SLOT_LEASE_S
+
+    killed = _holder(server, 3600)
+    assert killed.stdout is not None
+    if not killed.stdout.readline().startswith("held"):
+        raise RuntimeError("the first holder did not get its slots")
+    held_by_killed = _active_slots(server)
+    waiting = [_holder(server, 1), _holder(server, 1)]
+    time.sleep(2)  # both are now asking, and waiting
+    killed_at = time.time()
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    outs = []
+    try:
+        for proc in waiting:
+            outs.append(proc.communicate(timeout=SLOT_LEASE_S + 60)[0])
+    finally:
+        for proc in waiting:
+            stop(proc)
+    got = sorted(float(line.split()[1]) for out in outs for line in out.splitlines() if line.startswith("held"))
+    finished = sum("released" in out for out in outs)
+    time.sleep(2)  # the last release reaches the server
+    return FaultResult(
+        fault="GPU slot holder killed",
+        units=len(waiting),
+        lost=len(waiting) - finished,
+        duplicated=0,
+        corrupted=0,
+        injected=1,
+        detected_within_s=(got[0] - killed_at) if got else -1.0,
+        detail={"held_by_killed": held_by_killed, "slots_leaked": _active_slots(server), "outputs": outs},
+    )
+
+
+SCENARIOS = {
+    "killed-worker": killed_worker,
+    "killed-worker-retry": lambda workdir=None: killed_worker(workdir, retries=1),
+    "gpu-slot-holder-killed": gpu_slots_killed,
+}
