@@ -7,7 +7,8 @@ lost node takes both; Prefect's process worker starts the flow run in a session 
 side, `dispatch.remote` in a process of its own, must call the run lost within `dispatch.lost_after_s` plus two
 polls, mark it Crashed, and then fail in one line (`retries=0`) or dispatch the stage again, where a second,
 live worker runs it to the end on the real prompt file: the manifest's files must be byte-equal to an
-undisturbed run's, and exactly one flow run Completed.
+undisturbed run's, and exactly one flow run Completed. The same stage cancelled or deleted through the API, as
+from the UI, must end the dispatching side at once with one line.
 
 `gpu_slots_killed`: a process holding both slots of `gpu:local-gpu` through `draftsmith.core.gpus.gpu_slots`
 is SIGKILLed while two more, each asking for both slots, wait; the slots must come back within the lease
@@ -179,15 +180,36 @@ def _kill_node(flow_pid: int) -> float:
     return when
 
 
-def killed_worker(workdir: str | Path | None = None, retries: int = 0) -> FaultResult:
-    """A worker and its flow run SIGKILLed mid-stage; `retries` as `dispatch.retries`."""
+FAULTS = {
+    "kill": "worker killed mid-stage",
+    "cancel": "dispatched run cancelled",
+    "delete": "dispatched run deleted",
+}
+
+
+def killed_worker(workdir: str | Path | None = None, retries: int = 0, fault: str = "kill") -> FaultResult:
+    """A dispatched stage mid-work, then `fault`: its worker and flow run SIGKILLed (`kill`), its flow run
+    cancelled (`cancel`) or deleted (`delete`) through the API as from the UI; `retries` as `dispatch.retries`."""
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
         work = Path(workdir) if workdir is not None else Path(tmp)
         with prefect_server_at(work, FAST) as server:
-            return _killed_worker(server, work, retries)
+            return _dispatched_fault(server, work, retries, fault)
 
 
-def _killed_worker(server: Server, work: Path, retries: int) -> FaultResult:
+def _inject(server: Server, fault: str, beat: dict) -> float:
+    """The fault, on the Running stage whose heartbeat is `beat`; when."""
+    if fault == "kill":
+        return _kill_node(int(beat["pid"]))
+    when = time.time()
+    if fault == "cancel":
+        _post(server, f"flow_runs/{beat['flow_run']}/set_state", {"state": {"type": "CANCELLING"}, "force": True})
+    else:
+        req = urllib.request.Request(f"{server.api_url}/flow_runs/{beat['flow_run']}", method="DELETE")
+        HTTP.open(req, timeout=30).close()
+    return when
+
+
+def _dispatched_fault(server: Server, work: Path, retries: int, fault: str) -> FaultResult:
     _deploy_stage_pool(server, gpus=1)
     prompts, run_dir = work / "prompts.jsonl", work / "run"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
@@ -196,29 +218,37 @@ def _killed_worker(server: Server, work: Path, retries: int) -> FaultResult:
     (work / "recipe.json").write_text(json.dumps(recipe))
     real = prompts.with_suffix(".real")
     prompts.rename(real)
-    os.mkfifo(prompts)  # the stage blocks reading it: certainly mid-work when its node goes
+    os.mkfifo(prompts)  # the stage blocks reading it: certainly mid-work when the fault comes
     workers = [_worker(server, work / f"worker-{i}.log") for i in range(1 + (retries > 0))]
     argv = [sys.executable, "-c", _PARENT, str(work / "recipe.json"), str(run_dir), key]
     parent = subprocess.Popen(argv, cwd=ROOT, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    beat: dict = {}
     try:
         beat = _wait_running(server, run_dir, parent)
-        killed_at = _kill_node(int(beat["pid"]))
+        injected_at = _inject(server, fault, beat)
         os.replace(real, prompts)  # a stage dispatched again reads the real file
         out, err = parent.communicate(timeout=WAIT_S)
+        ended_at = time.time()
     finally:
         for proc in [parent, *workers]:
             stop(proc, sigterms=2, wait_s=10)
+        if beat and Path(f"/proc/{beat['pid']}").exists():  # a deleted run's process, left blocked on its input
+            _kill_node(int(beat["pid"]))
     last = (out.strip().splitlines() or [""])[-1]
     runs = _stage_runs(server)
     crashed = [r for r in runs if r["state_type"] == "CRASHED"]
     completed = [r for r in runs if r["state_type"] == "COMPLETED"]
-    detected = datetime.fromisoformat(crashed[0]["state"]["timestamp"]).timestamp() - killed_at if crashed else -1.0
+    if fault == "kill":  # when Prefect was told: the parent may go on to a retry
+        detected = datetime.fromisoformat(crashed[0]["state"]["timestamp"]).timestamp() - injected_at if crashed else -1
+    else:
+        detected = ended_at - injected_at
     manifest = run_dir / STAGE / "manifest.json"
     files = {f["name"]: f["digest"] for f in json.loads(manifest.read_text())["files"]} if manifest.exists() else {}
     finished = bool(files) and last == f"done {key}"
     return FaultResult(
-        fault=f"worker killed mid-stage, {retries} retr{'y' if retries == 1 else 'ies'}",
+        fault=f"{FAULTS[fault]}{f', {retries} retry' if retries else ''}",
         units=1,
+        # Reported in one line with nothing half-committed (a rerun resumes), or finished by the retry.
         lost=0 if (finished if retries else last.startswith("error: ") and not files) else 1,
         duplicated=max(0, len(completed) - 1),
         corrupted=sum(files.get(name) != digest for name, digest in clean.items()) if files else 0,
@@ -287,5 +317,7 @@ def _gpu_slots_killed(server: Server) -> FaultResult:
 SCENARIOS = {
     "killed-worker": killed_worker,
     "killed-worker-retry": lambda workdir=None: killed_worker(workdir, retries=1),
+    "cancelled-stage-run": lambda workdir=None: killed_worker(workdir, fault="cancel"),
+    "deleted-stage-run": lambda workdir=None: killed_worker(workdir, fault="delete"),
     "gpu-slot-holder-killed": gpu_slots_killed,
 }
