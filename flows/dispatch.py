@@ -211,8 +211,8 @@ class _Target:
 
 def _run_watched(config: PipelineConfig, stage: str, run_dir: str, params: dict, target: _Target) -> "FlowRun":
     """Start `stage` as a flow run of its deployment and wait until it ends; one that is lost (Running, its
-    heartbeat still for `dispatch.lost_after_s`) is marked Crashed and started again, `dispatch.retries` times,
-    then reported by name."""
+    heartbeat still for `dispatch.lost_after_s`) is marked Crashed and, like one that ended Crashed, started
+    again `dispatch.retries` times; a lost one is then reported by name."""
     from prefect.client.orchestration import get_client
 
     attempts = config.dispatch.retries + 1
@@ -222,13 +222,14 @@ def _run_watched(config: PipelineConfig, stage: str, run_dir: str, params: dict,
             return child  # it ended before it could be watched
         with get_client(sync_client=True) as client:
             run, lost = _watch(client, child, stage, run_dir, config.dispatch)
-            if lost is None:
+            if lost is None and not (attempt < attempts and run.state is not None and run.state.is_crashed()):
                 return run
-            _mark_crashed(client, child, lost)
+            if lost is None:  # its infrastructure failed (Prefect says Crashed): as good as lost
+                lost = f"it ended Crashed: {run.state.message if run.state else ''}"
+            else:
+                _mark_crashed(client, child, lost)
         again = f"; dispatching it again ({attempt} of {attempts - 1} retries)" if attempt < attempts else ""
-        log.warning(
-            "%s: flow run %s on pool %s is lost: %s; marked Crashed%s", stage, child.name, target.pool, lost, again
-        )
+        log.warning("%s: flow run %s on pool %s did not finish (%s)%s", stage, child.name, target.pool, lost, again)
     raise DispatchError(
         f"stage {stage}: flow run {child.name} ({child.id}) on pool {target.pool} was lost: {lost}; marked Crashed"
         f"{f' after {attempts} attempts' if attempts > 1 else ''}. Check the pool's workers, then rerun: finished "

@@ -5,7 +5,8 @@ describes each scenario).
 Prefect alone would keep the dispatched flow run Running forever, and the dispatching run waiting on it: the
 dispatch watches the stage's heartbeat, marks it Crashed within `dispatch.lost_after_s` plus two polls, then
 fails in one line or dispatches it again to a live worker. A killed stage's GPU slots come back once its
-concurrency lease expires (`SLOT_LEASE_S`), not after Prefect's default five minutes.
+concurrency lease expires (`SLOT_LEASE_S`), not after Prefect's default five minutes, and, with the server's
+leases kept on disk, also when the server was restarted while they were held.
 """
 
 import pytest
@@ -30,7 +31,7 @@ def test_a_worker_killed_mid_stage_fails_the_dispatching_run_in_one_line(tmp_pat
     assert d["states"] == ["CRASHED"], d
     assert d["crashed_message"].startswith("lost by draftsmith's dispatch: Running, but its heartbeat"), d
     assert 0 < r.detected_within_s <= DETECTED_WITHIN_S, r
-    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r
+    assert (r.lost, r.duplicated, r.corrupted, r.slots_leaked) == (0, 0, 0, 0), r
 
 
 def test_a_lost_stage_is_dispatched_again_and_finishes_once_as_an_undisturbed_run(tmp_path):
@@ -39,7 +40,7 @@ def test_a_lost_stage_is_dispatched_again_and_finishes_once_as_an_undisturbed_ru
     assert d["exit"] == 0 and d["last_line"].startswith("done "), d
     assert d["states"] == ["CRASHED", "COMPLETED"], d
     assert 0 < r.detected_within_s <= DETECTED_WITHIN_S, r
-    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r
+    assert (r.lost, r.duplicated, r.corrupted, r.slots_leaked) == (0, 0, 0, 0), r
 
 
 def test_a_stage_run_cancelled_from_the_ui_ends_the_dispatching_run_in_one_line(tmp_path):
@@ -49,8 +50,8 @@ def test_a_stage_run_cancelled_from_the_ui_ends_the_dispatching_run_in_one_line(
     line = d["last_line"]
     assert line.startswith("error: stage select_prompts: flow run select_prompts[tiny-cpu] (") and "\n" not in line
     assert "on pool local-gpu ended Cancelled" in line, line
-    assert 0 < r.detected_within_s <= 30, r  # the worker stops the process, then the next poll sees it
-    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r
+    assert 0 < r.detected_within_s <= 60, r  # the worker stops the process (24 s measured), the next poll sees it
+    assert (r.lost, r.duplicated, r.corrupted, r.slots_leaked) == (0, 0, 0, 0), r
 
 
 def test_a_stage_run_deleted_from_the_ui_ends_the_dispatching_run_in_one_line(tmp_path):
@@ -60,13 +61,15 @@ def test_a_stage_run_deleted_from_the_ui_ends_the_dispatching_run_in_one_line(tm
     assert d["last_line"].startswith("error: stage select_prompts: flow run select_prompts[tiny-cpu] ("), d
     assert d["last_line"].endswith(") was deleted while it ran"), d
     assert 0 < r.detected_within_s <= 2 * HEARTBEAT_S + 5, r
-    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r
+    assert (r.lost, r.duplicated, r.corrupted, r.slots_leaked) == (0, 0, 0, 0), r
 
 
-def test_a_killed_holders_gpu_slots_come_back_within_the_lease_and_the_waiting_runs_finish(tmp_path):
-    r = gpu_slots_killed(tmp_path)
+def test_slots_of_a_holder_killed_after_a_server_restart_come_back_within_the_lease_and_waiting_runs_finish(tmp_path):
+    # Leases kept on disk, as docs/orchestration.md asks of a server: with Prefect's default (memory) the same
+    # scenario leaves both slots taken for good (measured) and the waiting runs never start.
+    r = gpu_slots_killed(tmp_path, restart=True)
     d = r.detail
-    assert d["held_by_killed"] == 2, d
-    # Released once the lease expired: not sooner (the holder was only killed), not much later.
+    assert d["held_by_killed"] == 2 and d["restart_s"] > 0, d
+    # Given back once the lease expired: not sooner (the holder was only killed), not much later.
     assert SLOT_LEASE_S - 50 < r.detected_within_s <= SLOT_LEASE_S + 15, r
-    assert (r.lost, r.duplicated, r.corrupted, d["slots_leaked"]) == (0, 0, 0, 0), r
+    assert (r.lost, r.duplicated, r.corrupted, r.slots_leaked) == (0, 0, 0, 0), r

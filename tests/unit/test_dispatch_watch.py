@@ -1,6 +1,7 @@
-"""How a dispatching flow run watches its `stage/<pool>` flow run (`dispatch._watch`), on a scripted client: a
-run that ends (cancelled from the UI) ends the wait, a deleted one and a server gone for too long fail in one
-line, a Running run whose heartbeat stands still is lost, and one whose heartbeat moves is not."""
+"""How a dispatching flow run watches its `stage/<pool>` flow run (`dispatch._watch`) on a scripted client: a run
+that ends (cancelled from the UI) ends the wait, a deleted one and a server gone for too long fail in one line, a
+Running run whose heartbeat stands still is lost, and one whose heartbeat moves is not; and how it starts a
+crashed or lost one again per `dispatch.retries` (`dispatch._run_watched`)."""
 
 import os
 import time
@@ -78,3 +79,52 @@ def test_a_running_run_whose_heartbeat_stands_still_is_lost_and_one_that_beats_i
     # Another run's beat (an earlier attempt's) is no beat of this one.
     run, lost = dispatch._watch(Client(Running()), _child(), "s", str(tmp_path), CFG)
     assert lost is not None and lost.endswith("(no beat)")
+
+
+class _Marks:
+    def __init__(self) -> None:
+        self.states: list[tuple] = []
+
+    def set_flow_run_state(self, run_id, state, force=False):
+        self.states.append((run_id, state.type.value, force))
+
+
+def _watched(monkeypatch, tiny_cfg, retries: int, *outcomes):
+    """`dispatch._run_watched` where each started run's watch ends as the next of `outcomes`:
+    a final state, or a reason it was lost."""
+    import contextlib
+
+    import prefect.client.orchestration
+
+    marks, started = _Marks(), []
+    monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **kw: contextlib.nullcontext(marks))
+
+    def start(stage, name, params, target):
+        started.append(_child())
+        return started[-1]
+
+    def watch(client, child, stage, run_dir, cfg):
+        step = outcomes[len(started) - 1]
+        return (SimpleNamespace(id=child.id, name=child.name, state=step), None) if isinstance(step, State) else (
+            child, step
+        )  # fmt: skip
+
+    monkeypatch.setattr(dispatch, "_start", start)
+    monkeypatch.setattr(dispatch, "_watch", watch)
+    cfg = tiny_cfg.model_copy(update={"dispatch": DispatchConfig(retries=retries)})
+    target = dispatch._Target("stage/p", "p", "select.resources.work_pool", cfg.select.resources)
+    return (lambda: dispatch._run_watched(cfg, "s", "runs/x", {}, target)), started, marks
+
+
+def test_a_crashed_or_lost_stage_is_dispatched_again_per_retries_then_reported(monkeypatch, tiny_cfg):
+    from prefect.states import Completed, Crashed
+
+    run, started, marks = _watched(monkeypatch, tiny_cfg, 2, Crashed(message="pod evicted"), "gone", Completed())
+    assert run().state.is_completed() and len(started) == 3
+    assert marks.states == [(started[1].id, "CRASHED", True)]  # the lost one; Prefect had ended the other
+    run, started, _ = _watched(monkeypatch, tiny_cfg, 0, Crashed(message="pod evicted"))
+    assert run().state.is_crashed() and len(started) == 1  # no retries: reported as it ended
+    run, started, marks = _watched(monkeypatch, tiny_cfg, 1, "gone", "gone again")
+    with pytest.raises(dispatch.DispatchError, match=r"was lost: gone again; marked Crashed after 2 attempts\. "):
+        run()
+    assert [m[1] for m in marks.states] == ["CRASHED", "CRASHED"]
