@@ -244,7 +244,10 @@ def _dispatched_fault(server: Server, work: Path, retries: int, fault: str) -> F
     try:
         beat = _wait_running(server, run_dir, parent)
         injected_at = _inject(server, fault, beat)
-        os.replace(real, prompts)  # a stage dispatched again reads the real file
+        if fault == "kill":
+            # A stage dispatched again reads the real file. A cancelled or deleted run's process is left on
+            # the FIFO: one that is not stopped (deleted) would otherwise finish the stage after its parent.
+            os.replace(real, prompts)
         out, err = parent.communicate(timeout=WAIT_S)
         ended_at = time.time()
     finally:
@@ -264,7 +267,7 @@ def _dispatched_fault(server: Server, work: Path, retries: int, fault: str) -> F
     files = {f["name"]: f["digest"] for f in json.loads(manifest.read_text())["files"]} if manifest.exists() else {}
     finished = bool(files) and last == f"done {key}"
     return FaultResult(
-        fault=f"{FAULTS[fault]}{', then retried' if retries else ''}",
+        fault="worker killed, stage retried" if retries else FAULTS[fault],
         units=1,
         # Reported in one line with nothing half-committed (a rerun resumes), or finished by the retry.
         lost=0 if (finished if retries else last.startswith("error: ") and not files) else 1,
@@ -374,9 +377,9 @@ def _gpu_slots_killed(
             outs.append("")  # still waiting for slots that never came back
     got = sorted(float(line.split()[1]) for out in outs for line in out.splitlines() if line.startswith("held"))
     time.sleep(2)  # the last release reaches the server
-    name = "GPU slot holder killed" if not restart else "server restart, then slot holder killed"
+    name = "server restart, holder killed" if restart else "GPU slot holder killed"
     return FaultResult(
-        fault=name + (f" (leases {'on disk' if lease_storage == 'filesystem' else 'in memory'})" if restart else ""),
+        fault=name + (" (leases in memory)" if lease_storage == "memory" else ""),
         units=len(waiting),
         lost=len(waiting) - sum("released" in out for out in outs),
         injected=1 + restart,
