@@ -1,6 +1,6 @@
-"""A worker lost with its node mid-stage, a stage's flow run cancelled from the UI, and GPU slots held by a
-killed stage, on a real Prefect server with real process workers (`tests/support/faults/orchestration.py`
-describes each scenario).
+"""A worker lost with its node mid-stage, a stage's flow run cancelled from the UI, GPU slots held by a killed
+stage, and two deployment runs of one run folder, on a real Prefect server with real process workers
+(`tests/support/faults/orchestration.py` describes each scenario).
 
 Prefect alone would keep the dispatched flow run Running forever, and the dispatching run waiting on it: the
 dispatch watches the stage's heartbeat, marks it Crashed within `dispatch.lost_after_s` plus two polls, then
@@ -12,7 +12,13 @@ leases kept on disk, also when the server was restarted while they were held.
 import pytest
 
 from draftsmith.core.gpus import SLOT_LEASE_S
-from tests.support.faults.orchestration import HEARTBEAT_S, LOST_AFTER_S, gpu_slots_killed, killed_worker
+from tests.support.faults.orchestration import (
+    HEARTBEAT_S,
+    LOST_AFTER_S,
+    gpu_slots_killed,
+    killed_worker,
+    two_runs_one_folder,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 # Lost after LOST_AFTER_S without a new beat, seen by a poll every HEARTBEAT_S, the Crashed state then set;
@@ -63,3 +69,14 @@ def test_slots_of_a_holder_killed_after_a_server_restart_come_back_within_the_le
     # Given back once the lease expired: not sooner (the holder was only killed), not much later.
     assert SLOT_LEASE_S - 50 < r.detected_within_s <= SLOT_LEASE_S + 15, r
     assert (r.lost, r.duplicated, r.corrupted, r.slots_leaked) == (0, 0, 0, 0), r
+
+
+def test_a_second_deployment_run_of_a_held_run_folder_fails_in_one_line_before_any_stage(tmp_path):
+    r = two_runs_one_folder(tmp_path)
+    d = r.detail
+    assert d["refused_state"] == "FAILED" and d["stages"] == 0, d
+    holder = d["holder"]
+    message = d["message"]
+    assert f"is in use by pid {holder['pid']} on {holder['host']} since {holder['started']}" in message, d
+    assert "(started by: " in message and "flow run " in message and "\n" not in message, d
+    assert 0 <= r.detected_within_s <= 30, r  # refused as its flow starts, not after a stage

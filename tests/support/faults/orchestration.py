@@ -10,6 +10,9 @@ live worker runs it to the end on the real prompt file: the manifest's files mus
 undisturbed run's, and exactly one flow run Completed. The same stage cancelled or deleted through the API, as
 from the UI, must end the dispatching side at once with one line.
 
+`two_runs_one_folder`: two `kimi-k3` deployment runs of one recipe and run folder on two workers; the second
+must fail in one line naming the first before any stage of its own.
+
 `gpu_slots_killed`: a process holding both slots of `gpu:local-gpu` through `draftsmith.core.gpus.gpu_slots`
 is SIGKILLed while two more, each asking for both slots, wait; the slots must come back within the lease
 (`SLOT_LEASE_S`) plus the server's repossessor loop (1 s here), both waiting holders must run, and no slot
@@ -389,6 +392,80 @@ def _gpu_slots_killed(
     )
 
 
+def two_runs_one_folder(workdir: str | Path | None = None) -> FaultResult:
+    """Two `kimi-k3` deployment runs of one recipe and run folder at once, each taken by its own worker; the
+    first to start blocks in its first stage (a FIFO for prompts). The other must fail in one line naming the
+    holder before any stage of its own starts."""
+    with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        with prefect_server_at(work, FAST) as server:
+            return _two_runs_one_folder(server, work)
+
+
+def _two_runs_one_folder(server: Server, work: Path) -> FaultResult:
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from draftsmith.core.runlock import LOCK_NAME, read_holder
+    from draftsmith.pools import load_base_job_template
+
+    prompts, run_dir = work / "prompts.jsonl", work / "run"
+    os.mkfifo(prompts)
+    recipe = yaml.safe_load(TINY.read_text())
+    recipe["select"] |= {"source": "jsonl", "path": str(prompts)}
+    with _client(server) as client:
+        client.create_work_pool(
+            WorkPoolCreate(name="local", type="process", base_job_template=load_base_job_template("local"))
+        )
+        deployment = client.create_deployment(
+            flow_id=client.create_flow_from_name("kimi-k3"), name="faults", work_pool_name="local",
+            entrypoint="flows/pipeline.py:kimi_k3",
+            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
+        )  # fmt: skip
+        params = {"config": recipe, "run_dir": str(run_dir)}
+        runs = [client.create_flow_run_from_deployment(deployment, parameters=params) for _ in range(2)]
+    workers = [
+        subprocess.Popen(
+            [str(PREFECT), "worker", "start", "--pool", "local", "--type", "process", "--limit", "1"],
+            cwd=work,
+            env=server.env | FAST,
+            stdout=(work / f"w{i}.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    holder: dict = {}
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            states = {str(r.id): get_json(f"{server.api_url}/flow_runs/{r.id}")["state"] for r in runs}
+            holder = read_holder(run_dir / LOCK_NAME) or {}
+            failed = [(i, st) for i, st in states.items() if st and st["type"] in ("FAILED", "CRASHED")]
+            if failed and holder:
+                break
+            time.sleep(1)
+        else:
+            raise TimeoutError(f"no run was refused within {WAIT_S} s: {states}")
+    finally:
+        for proc in workers:
+            stop(proc, sigterms=2, wait_s=10)
+        if holder.get("pid") and Path(f"/proc/{holder['pid']}").exists():
+            _kill_node(int(holder["pid"]))  # the holder, blocked on its input for good
+    (refused_id, refused), message = failed[0], failed[0][1]["message"] or ""
+    started = get_json(f"{server.api_url}/flow_runs/{refused_id}")["start_time"]
+    took = datetime.fromisoformat(refused["timestamp"]).timestamp() - datetime.fromisoformat(started).timestamp()
+    stages = _post(server, "task_runs/filter", {"flow_runs": {"id": {"any_": [refused_id]}}})
+    return FaultResult(
+        fault="two runs of one run folder",
+        units=1,
+        duplicated=len(stages),  # stages the refused run started
+        injected=1,
+        detected_within_s=took,
+        detail={"message": message, "holder": holder, "refused_state": refused["type"], "stages": len(stages)},
+    )
+
+
 SCENARIOS = {
     "killed-worker": killed_worker,
     "killed-worker-retry": lambda workdir=None: killed_worker(workdir, retries=1),
@@ -398,4 +475,5 @@ SCENARIOS = {
     # With leases kept on disk; Prefect's default (memory) leaks the slots (docs/orchestration.md), so it is
     # measured with `gpu_slots_killed(restart=True, lease_storage="memory")`, not repeated here.
     "server-restart-slot-holder-killed": lambda workdir=None: gpu_slots_killed(workdir, restart=True),
+    "two-runs-one-folder": two_runs_one_folder,
 }
