@@ -188,16 +188,21 @@ def _parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _kill_node(flow_pid: int) -> float:
-    """SIGKILL the flow run's process group and those of the processes above it up to the worker this module
-    started (each in a session of its own), as a lost node would; when."""
-    groups, pid = [os.getpgid(flow_pid)], _parent_pid(flow_pid)
-    while pid > 1 and os.getpgid(pid) != os.getpgrp():
-        groups.append(os.getpgid(pid))
+def _kill_node(flow_pid: int, workers: tuple[int, ...] = ()) -> float:
+    """SIGKILL the flow run's process group and, when it runs under one of `workers` (started by this module,
+    each in a session of its own), the groups from it up to that worker, as a lost node would; when. Nothing
+    else is touched: not this process's group, not an orphan's new parent."""
+    groups, chain, pid = [os.getpgid(flow_pid)], [], _parent_pid(flow_pid)
+    while pid > 1 and len(chain) < 4:
+        chain.append(os.getpgid(pid))
+        if pid in workers:
+            groups += chain
+            break
         pid = _parent_pid(pid)
     when = time.time()
     for group in dict.fromkeys(groups):
-        os.killpg(group, signal.SIGKILL)
+        if group != os.getpgrp():
+            os.killpg(group, signal.SIGKILL)
     return when
 
 
@@ -217,10 +222,10 @@ def killed_worker(workdir: str | Path | None = None, retries: int = 0, fault: st
             return _dispatched_fault(server, work, retries, fault)
 
 
-def _inject(server: Server, fault: str, beat: dict) -> float:
+def _inject(server: Server, fault: str, beat: dict, workers: tuple[int, ...]) -> float:
     """The fault, on the Running stage whose heartbeat is `beat`; when."""
     if fault == "kill":
-        return _kill_node(int(beat["pid"]))
+        return _kill_node(int(beat["pid"]), workers)
     when = time.time()
     if fault == "cancel":
         _post(server, f"flow_runs/{beat['flow_run']}/set_state", {"state": {"type": "CANCELLING"}, "force": True})
@@ -246,7 +251,7 @@ def _dispatched_fault(server: Server, work: Path, retries: int, fault: str) -> F
     beat: dict = {}
     try:
         beat = _wait_running(server, run_dir, parent)
-        injected_at = _inject(server, fault, beat)
+        injected_at = _inject(server, fault, beat, tuple(w.pid for w in workers))
         if fault == "kill":
             # A stage dispatched again reads the real file. A cancelled or deleted run's process is left on
             # the FIFO: one that is not stopped (deleted) would otherwise finish the stage after its parent.
