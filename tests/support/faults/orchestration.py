@@ -192,7 +192,8 @@ def _kill_node(flow_pid: int, workers: tuple[int, ...] = ()) -> float:
     """SIGKILL the flow run's process group and, when it runs under one of `workers` (started by this module,
     each in a session of its own), the groups from it up to that worker, as a lost node would; when. Nothing
     else is touched: not this process's group, not an orphan's new parent."""
-    groups, chain, pid = [os.getpgid(flow_pid)], [], _parent_pid(flow_pid)
+    groups, pid = [os.getpgid(flow_pid)], _parent_pid(flow_pid)
+    chain: list[int] = []
     while pid > 1 and len(chain) < 4:
         chain.append(os.getpgid(pid))
         if pid in workers:
