@@ -1,6 +1,7 @@
 """Lenient row readers: every line of a JSONL file, or row of a Parquet file, comes back as a row or as a
 `BadRow` saying why it could not be read, never as an exception that loses the rest of the file."""
 
+import codecs
 import json
 import re
 from collections.abc import Iterator
@@ -23,10 +24,13 @@ def jsonl_rows(path: str) -> Iterator[tuple[int, Any]]:
     """`(line, row)` per non-blank line; undecodable lines come as `BadRow` (`invalid_utf8`, `malformed_json`).
 
     Lines are read as bytes and decoded one by one, so one bad byte costs one row, not the file.
-    Compression (.gz, .zst, ...) follows the file name.
+    Compression (.gz, .zst, ...) follows the file name. A UTF-8 byte-order mark opening the file (as editors
+    on Windows write it) is dropped: left on, it would make the first row invalid JSON.
     """
     with fsspec.open(path, "rb", compression="infer") as handle:
         for line_no, raw in enumerate(handle, start=1):
+            if line_no == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             if not raw.strip():
                 continue
             try:

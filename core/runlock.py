@@ -2,8 +2,11 @@
 
 A local run folder is locked with `flock` on `<run>/.lock`. The lock belongs to an open file, so the kernel
 drops it when every process holding that file is gone: a killed run leaves no lock behind, only its holder
-record (host, pid, start time, command) in the file, which the next run overwrites. The trainer's torchrun
-inherits the open file (`inherited_fds`), so a rerun is refused while an old trainer is still writing.
+record (host, pid, start time, command) in the file, which the next run overwrites (saying it took over). A
+run that ends, well or with an error, empties the record, so the next one starts without that message. The
+trainer's torchrun inherits the open file (`inherited_fds`), so a rerun is refused while an old trainer is
+still writing. A folder the lock file cannot be created in (read-only) is refused with one line
+(`StorageRefused`, exit 2) before anything else of the run starts.
 
 An object-store run folder is held by a lease object renewed with conditional puts (`draftsmith.core.runlease`):
 a killed run stops renewing it, and the next run takes it over once it has expired (`storage.lock_lease_s`).
@@ -74,14 +77,26 @@ def _pid_alive(pid: object) -> bool:
     return True
 
 
+def _open_lock_file(folder: Path) -> tuple[Path, int | None]:
+    """The lock file's path and, unless this process holds it already, a new open file of it. A folder that
+    cannot hold it (read-only, not ours) raises `StorageRefused` naming the lock file."""
+    from draftsmith.core import storage
+
+    with storage.reported("write", str(folder / LOCK_NAME)):
+        folder.mkdir(parents=True, exist_ok=True)
+        path = (folder / LOCK_NAME).resolve()
+        if path in _held:
+            return path, None
+        return path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
 def _acquire_local(run_dir: str, folder: Path) -> _Held:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = (folder / LOCK_NAME).resolve()
     with _guard:
-        if (held := _held.get(path)) is not None:
+        path, fd = _open_lock_file(folder)
+        if fd is None:
+            held = _held[path]
             held.depth += 1
             return held
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -109,8 +124,26 @@ def _release_local(held: _Held) -> None:
         if held.depth > 0:
             return
         _held.pop(held.path, None)
-        # The record stays: it is only read while the file is locked, and names the last holder afterwards.
         os.close(held.fd)
+        _clear_record(held.path)
+
+
+def _clear_record(path: Path) -> None:
+    """Empty the holder record of a lock this process just let go of, so the next run finds no one to take
+    over from. Only when the lock is free: a child that inherited the file (a trainer still writing) keeps it
+    held, and then the record, which names this process, stays to say who started it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return  # removed with its folder, or no longer ours to write
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if (read_holder(path) or {}).get("pid") == os.getpid():  # not a record another run wrote meanwhile
+            os.ftruncate(fd, 0)
+    except OSError:
+        pass  # held by a child or by the next run: its record is the right one
+    finally:
+        os.close(fd)  # drops the flock taken here
 
 
 def _record() -> dict:

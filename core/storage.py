@@ -109,7 +109,8 @@ def _named(err: Exception, op: str, url: str) -> StorageError | None:
         return None
     reason = _reason(err)
     store = _store(url)
-    if isinstance(err, PermissionError) or _code(err) in _REFUSED_CODES:
+    # A read-only filesystem (a mount, a snapshot) refuses as a permission does: asking again changes nothing.
+    if isinstance(err, PermissionError) or _code(err) in _REFUSED_CODES or getattr(err, "errno", None) == errno.EROFS:
         hint = "; check the credentials in use and the bucket policy" if store.startswith("bucket") else ""
         return StorageRefused(errno.EACCES, f"{url}: {op} refused by {store}: {reason}{hint}")
     if isinstance(err, OSError) and err.errno in _NO_SPACE:

@@ -85,14 +85,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _stage_table(manifests: dict, started: datetime) -> str:
+    """One row per stage: its seconds when it ran in this run; a reused one's old seconds are not this run's."""
     lines = [f"{'stage':<16}{'seconds':>9}  status", "-" * 40]
     for name, m in manifests.items():
-        fresh = datetime.fromisoformat(m.created_at) >= started
-        lines.append(f"{name:<16}{m.seconds:>9.1f}  {'ran' if fresh else 'cached'}")
+        if m is None:
+            lines.append(f"{name:<16}{'-':>9}  skipped")
+        elif datetime.fromisoformat(m.created_at) >= started:
+            lines.append(f"{name:<16}{m.seconds:>9.1f}  ran")
+        else:
+            lines.append(f"{name:<16}{'-':>9}  cached (reused from {m.created_at[:19]})")
     return "\n".join(lines)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from draftsmith.core import runlock
     from draftsmith.flows.pipeline import default_run_dir, kimi_k3
     from draftsmith.tasks.evaluate import format_table, read_results
 
@@ -101,7 +107,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     try:
-        manifests = kimi_k3(config=cfg, run_dir=run_dir)
+        # Held before the flow call starts the temporary Prefect server (tens of seconds on a loaded machine),
+        # so a busy or read-only run folder is refused at once; the flow's own hold nests in this one.
+        with runlock.hold(run_dir, lease_s=cfg.storage.lock_lease_s):
+            manifests = kimi_k3(config=cfg, run_dir=run_dir)
     except Exception as err:
         if _debug(args):
             raise
@@ -122,6 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_failure(err: Exception) -> tuple[str, int]:
     """One line for a run that failed, and its exit code: 2 when a stage refused its input, else 1."""
     from draftsmith.core.runlock import RunFolderBusy
+    from draftsmith.core.storage import StorageError
     from draftsmith.flows.pipeline import failed_stage
 
     text = redact(str(err)).strip()
@@ -137,8 +147,8 @@ def _run_failure(err: Exception) -> tuple[str, int]:
         return reason, 2
     code = 2 if isinstance(err, ValueError | FileNotFoundError) else 1
     stage = failed_stage(err)
-    if stage is None:
-        return f"{type(err).__name__}: {reason}", code
+    if stage is None:  # a storage error's line names its file and what failed: its type adds nothing
+        return (reason if isinstance(err, StorageError) else f"{type(err).__name__}: {reason}"), code
     return f"{stage}: {reason.removeprefix(f'{stage}: ')}", code
 
 

@@ -16,22 +16,38 @@ same `draftsmith.core.stage.stage_key` the stage itself, and its Prefect cache k
 holds a current manifest for it (`valid_manifest`: every file with its recorded size and digest), answers from
 the folder. A dispatched stage must finish with that key; one that finishes with another (a pool whose workers
 run other code) is refused by name.
+
+A dispatched stage's flow run is watched, not just awaited: it writes a heartbeat into the run folder
+(`draftsmith.core.heartbeat`), and one that Prefect still calls Running while its heartbeat has stood still
+for `dispatch.lost_after_s` (its process killed with its node; Prefect would wait for it forever) is marked
+Crashed, then dispatched again up to `dispatch.retries` times (the new run resumes from the stage folder) or
+the parent fails with one line naming it. A run cancelled or deleted (from the UI) ends the parent with one
+line too. Prefect guarantees relied on: a flow run's state is final only once its engine reported it, a
+forced state is accepted whatever the run's current one, and `run_deployment(timeout=0)` creates the run
+without waiting.
 """
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
-from draftsmith.core import storage
+from draftsmith.core import heartbeat, storage
 from draftsmith.core.config import PipelineConfig
-from draftsmith.core.config.stages import Resources
+from draftsmith.core.config.stages import DispatchConfig, Resources
 from draftsmith.core.manifest import StageManifest
 from draftsmith.core.stage import load_manifest, valid_manifest
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 log = logging.getLogger(__name__)
 
 STAGE_FLOW = "stage"
+# How often a dispatching flow run reads its stage's state and heartbeat (at most; sooner for faster beats).
+POLL_S = 5.0
 # Each stage's inputs, by the upstream stages whose manifests it reads (pipeline order).
 UPSTREAM: dict[str, tuple[str, ...]] = {
     "select_prompts": (),
@@ -142,10 +158,6 @@ def run_stage(
 def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str, str], key: str) -> StageManifest:
     """Run `stage` as a flow run of `stage/<pool>` unless `run_dir` holds its current result for `key`, wait
     for it, and read its manifest back from `run_dir`."""
-    from prefect.client.schemas.objects import FlowRun
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-
     res = resources(config, stage)
     field = f"{'select' if stage == 'select_prompts' else stage}.resources.work_pool"
     deployment = f"{STAGE_FLOW}/{res.work_pool}"
@@ -157,22 +169,7 @@ def remote(config: PipelineConfig, stage: str, run_dir: str, expected: dict[str,
         log.info("%s: up to date (%s); not dispatching", stage, done.uri)
         return done
     params = {"config": config.model_dump(mode="json"), "stage": stage, "run_dir": run_dir, "expected": expected}
-    try:
-        variables = job_variables(res, _declared_variables(res.work_pool))
-        log.info("%s: on pool %s (deployment %s, job variables %s)", stage, res.work_pool, deployment, variables)
-        child = run_deployment(
-            deployment,
-            parameters=params,
-            job_variables=variables,
-            flow_run_name=f"{stage}[{config.name}]",
-            timeout=None,
-        )
-    except ObjectNotFound as exc:
-        raise DispatchError(
-            f"stage {stage}: {field} is {res.work_pool!r}, which is not this flow run's pool, and the server has no "
-            f"work pool or deployment {deployment!r} to run it there; `draftsmith deploy` creates both"
-        ) from exc
-    child = cast(FlowRun, child)  # called from a sync flow, run_deployment returns the run, not a coroutine
+    child = _run_watched(config, stage, run_dir, params, _Target(deployment, res.work_pool, field, res))
     state = child.state
     if state is None or not state.is_completed():
         name = state.name if state else "without a state"
@@ -200,3 +197,112 @@ def _declared_variables(pool: str) -> dict[str, Any]:
     with get_client(sync_client=True) as client:
         template = client.read_work_pool(pool).base_job_template
     return (template.get("variables") or {}).get("properties") or {}
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where a dispatched stage runs: its deployment, pool, the recipe field naming the pool, its resources."""
+
+    deployment: str
+    pool: str
+    field: str
+    resources: Resources
+
+
+def _run_watched(config: PipelineConfig, stage: str, run_dir: str, params: dict, target: _Target) -> "FlowRun":
+    """Start `stage` as a flow run of its deployment and wait until it ends; one that is lost (Running, its
+    heartbeat still for `dispatch.lost_after_s`) is marked Crashed and, like one that ended Crashed, started
+    again `dispatch.retries` times; a lost one is then reported by name."""
+    from prefect.client.orchestration import get_client
+
+    attempts = config.dispatch.retries + 1
+    for attempt in range(1, attempts + 1):
+        child = _start(stage, config.name, params, target)
+        if child.state is not None and child.state.is_final():
+            return child  # it ended before it could be watched
+        with get_client(sync_client=True) as client:
+            run, lost = _watch(client, child, stage, run_dir, config.dispatch)
+            if lost is None and not (attempt < attempts and run.state is not None and run.state.is_crashed()):
+                return run
+            if lost is None:  # its infrastructure failed (Prefect says Crashed): as good as lost
+                lost = f"it ended Crashed: {run.state.message if run.state else ''}"
+            else:
+                _mark_crashed(client, child, lost)
+        again = f"; dispatching it again ({attempt} of {attempts - 1} retries)" if attempt < attempts else ""
+        log.warning("%s: flow run %s on pool %s did not finish (%s)%s", stage, child.name, target.pool, lost, again)
+    raise DispatchError(
+        f"stage {stage}: flow run {child.name} ({child.id}) on pool {target.pool} was lost: {lost}; marked Crashed"
+        f"{f' after {attempts} attempts' if attempts > 1 else ''}. Check the pool's workers, then rerun: finished "
+        "stages are reused (dispatch.retries dispatches a lost stage again by itself)"
+    )
+
+
+def _start(stage: str, name: str, params: dict, target: _Target) -> "FlowRun":
+    """A new flow run of the stage's deployment, not waited for."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        variables = job_variables(target.resources, _declared_variables(target.pool))
+        log.info("%s: on pool %s (deployment %s, job variables %s)", stage, target.pool, target.deployment, variables)
+        child = run_deployment(
+            target.deployment, parameters=params, job_variables=variables, flow_run_name=f"{stage}[{name}]", timeout=0
+        )
+    except ObjectNotFound as exc:
+        raise DispatchError(
+            f"stage {stage}: {target.field} is {target.pool!r}, which is not this flow run's pool, and the server has "
+            f"no work pool or deployment {target.deployment!r} to run it there; `draftsmith deploy` creates both"
+        ) from exc
+    return cast("FlowRun", child)  # called from sync code, run_deployment returns the run, not a coroutine
+
+
+def _watch(
+    client: Any, child: "FlowRun", stage: str, run_dir: str, cfg: DispatchConfig
+) -> tuple["FlowRun", str | None]:
+    """Poll `child` until it is final (it, None) or lost (it, why in words).
+
+    Lost: Running while its heartbeat (`draftsmith.core.heartbeat`) has not changed for `cfg.lost_after_s`, so
+    detection takes at most that plus two polls after the process died. Scheduled or Pending is waiting for a
+    worker, not lost. A server that does not answer (restarting) is asked again for as long.
+    """
+    import httpx
+    from prefect.exceptions import ObjectNotFound
+
+    poll_s = min(POLL_S, cfg.heartbeat_s)
+    seen: Any = object()  # the last heartbeat record, and when it was first seen (this clock)
+    since = unreachable = time.monotonic()
+    while True:
+        try:
+            run = client.read_flow_run(child.id)
+        except ObjectNotFound:
+            raise DispatchError(f"stage {stage}: flow run {child.name} ({child.id}) was deleted while it ran") from None
+        except httpx.HTTPError as err:
+            if time.monotonic() - unreachable > cfg.lost_after_s:
+                raise DispatchError(
+                    f"stage {stage}: the Prefect server did not answer for {cfg.lost_after_s:.0f} s while flow run "
+                    f"{child.name} ({child.id}) ran: {type(err).__name__}"
+                ) from None
+            time.sleep(poll_s)
+            continue
+        unreachable = now = time.monotonic()
+        if run.state is not None and run.state.is_final():
+            return run, None
+        if run.state is None or not run.state.is_running():
+            seen, since = object(), now  # the clock starts when it runs
+        else:
+            beat = heartbeat.read_beat(run_dir, stage)
+            mine = beat if beat is not None and beat.get("flow_run") == str(child.id) else None
+            if mine != seen:
+                seen, since = mine, now
+            elif now - since > cfg.lost_after_s:
+                last = f"last beat at {mine['at']} from pid {mine['pid']} on {mine['host']}" if mine else "no beat"
+                return run, f"Running, but its heartbeat stood still for {now - since:.0f} s ({last})"
+        time.sleep(poll_s)
+
+
+def _mark_crashed(client: Any, child: "FlowRun", why: str) -> None:
+    """Tell Prefect what became of the run, so the UI and the next scheduler see it ended; forced, because
+    nothing else is left to report its final state."""
+    from prefect.states import Crashed
+
+    client.set_flow_run_state(child.id, Crashed(message=f"lost by draftsmith's dispatch: {why}"), force=True)

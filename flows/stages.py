@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from prefect import flow
 
+from draftsmith.core import heartbeat
 from draftsmith.core.config import PipelineConfig
 from draftsmith.core.manifest import StageManifest
 from draftsmith.flows import dispatch
@@ -80,5 +81,10 @@ def stage_flow(
     `expected` maps each upstream stage to the manifest key the dispatching flow run finished it with; a run
     folder holding other keys is refused.
     """
-    inputs = dispatch.finished_inputs(config, stage, run_dir, expected or {})
-    return run_here(config, stage, run_dir, inputs)
+    from prefect.runtime import flow_run
+
+    # The dispatching flow run watches this heartbeat: a run that stops beating while Prefect still says
+    # Running (its node lost with the worker) is marked Crashed there, not waited for forever.
+    with heartbeat.beating(run_dir, stage, str(flow_run.id or ""), config.dispatch.heartbeat_s):
+        inputs = dispatch.finished_inputs(config, stage, run_dir, expected or {})
+        return run_here(config, stage, run_dir, inputs)

@@ -1,5 +1,6 @@
 """YAML recipe loading with one-line errors that name the file and the dotted field."""
 
+import codecs
 import json
 import re
 from pathlib import Path
@@ -238,6 +239,7 @@ def _read_yaml(origin: str) -> Any:
     except OSError as err:
         raise RecipeError(f"{origin}: cannot read the recipe: {err.strerror or err}") from None
     try:
+        raw = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark opening the file is not part of the recipe
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1

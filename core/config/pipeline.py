@@ -11,6 +11,7 @@ from draftsmith.core.config.hidden_states import HiddenStatesConfig
 from draftsmith.core.config.regenerate import RegenerateConfig
 from draftsmith.core.config.select import SelectConfig
 from draftsmith.core.config.stages import (
+    DispatchConfig,
     EvaluateConfig,
     StorageConfig,
     TargetConfig,
@@ -36,6 +37,9 @@ class PipelineConfig(StrictModel):
     seed: int = Field(0, ge=0, description="Seed for every random choice in the pipeline.")
     target: TargetConfig = Field(description="The target LLM.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Where runs live.")
+    dispatch: DispatchConfig = Field(
+        default_factory=DispatchConfig, description="Watching stages dispatched to other pools."
+    )
     select: SelectConfig = Field(description="Prompt selection.")
     regenerate: RegenerateConfig = Field(default_factory=RegenerateConfig, description="Regeneration.")
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Tokenization.")

@@ -57,6 +57,37 @@ class StorageConfig(StrictModel):
     )
 
 
+class DispatchConfig(StrictModel):
+    """How a flow run watches the stages it dispatches to other pools (`stage/<pool>` flow runs).
+
+    A dispatched stage writes a heartbeat into the run folder; a flow run that stays Running while its
+    heartbeat stands still (its worker's node lost, the process killed) is marked Crashed and dispatched
+    again or reported, instead of being waited for forever.
+    """
+
+    heartbeat_s: float = Field(
+        10.0, ge=0.5, le=600.0, allow_inf_nan=False, description="A dispatched stage writes its heartbeat this often."
+    )
+    lost_after_s: float = Field(
+        120.0,
+        ge=2.0,
+        le=86400.0,
+        allow_inf_nan=False,
+        description="A Running dispatched stage whose heartbeat has not changed for this long is lost: marked "
+        "Crashed, then dispatched again (`retries`) or the run fails naming it. At least twice `heartbeat_s`.",
+    )
+    retries: int = Field(0, ge=0, le=10, description="Times a lost dispatched stage is dispatched again.")
+
+    @model_validator(mode="after")
+    def _lost_after_heartbeats(self) -> "DispatchConfig":
+        if self.lost_after_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"lost_after_s ({self.lost_after_s} s) is less than two heartbeats "
+                f"(heartbeat_s: {self.heartbeat_s} s); a live stage would be declared lost"
+            )
+        return self
+
+
 class EvaluateConfig(StrictModel):
     """Real speculative decoding of benchmark prompts, with and without the drafter, in the same run."""
 

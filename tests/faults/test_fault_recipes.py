@@ -1,6 +1,7 @@
 """Bad recipes and bad `--set` values: `validate`, `plan` and `run` print one line naming the file and the
 field, exit with code 2, and show no traceback."""
 
+import codecs
 import json
 import os
 from pathlib import Path
@@ -106,3 +107,18 @@ def test_yaml_1_1_exponents_and_bool_like_words_still_load(tmp_path):
     with pytest.raises(RecipeError, match=r"train\.compile: expected true or false, got 'true'"):
         quoted = TINY.replace("  batch_tokens: 512\n", "  batch_tokens: 512\n  compile: 'true'\n")
         load_recipe(_recipe(tmp_path, quoted, "quoted.yaml"))
+
+
+def test_a_recipe_that_opens_with_a_byte_order_mark_loads_as_without(tmp_path):
+    path = tmp_path / "bom.yaml"
+    path.write_bytes(codecs.BOM_UTF8 + TINY.encode())
+    assert load_recipe(str(path)) == load_recipe(_recipe(tmp_path, TINY, "plain.yaml"))
+
+
+def test_a_lost_time_shorter_than_two_heartbeats_is_refused_naming_both(tmp_path):
+    text = TINY + "dispatch:\n  heartbeat_s: 10\n  lost_after_s: 15\n"
+    with pytest.raises(
+        RecipeError, match=r"dispatch: lost_after_s \(15.0 s\) is less than two heartbeats \(heartbeat_s"
+    ):
+        load_recipe(_recipe(tmp_path, text))
+    assert load_recipe(_recipe(tmp_path, TINY + "dispatch:\n  retries: 2\n", "ok.yaml")).dispatch.retries == 2

@@ -82,11 +82,12 @@ def stop(proc: subprocess.Popen, sigterms: int = 1, wait_s: float = 20) -> None:
 
 
 @contextmanager
-def prefect_server_at(tmp_path: Path) -> Iterator[Server]:
+def prefect_server_at(tmp_path: Path, settings: dict[str, str] | None = None) -> Iterator[Server]:
+    """A server started in `tmp_path`, with `settings` (PREFECT_* variables) on top of `server_env`'s."""
     port = free_port()
     api_url = f"http://{HOST}:{port}/api"
     (home := tmp_path / "prefect-home").mkdir()
-    env = server_env(home, api_url)
+    env = server_env(home, api_url) | (settings or {})
     log = tmp_path / "server.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen(

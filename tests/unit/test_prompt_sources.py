@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
@@ -143,6 +144,19 @@ def test_jsonl_rejects_every_bad_line_with_file_line_and_reason(tmp_path: Path) 
         (path, 6, "duplicate_id"),
     ]
     assert "\\xe9" in rejects.rows[1]["excerpt"]
+
+
+@pytest.mark.parametrize("name", ["p.jsonl", "p.jsonl.gz"])
+def test_a_byte_order_mark_opening_the_file_does_not_cost_its_first_row(tmp_path: Path, name: str) -> None:
+    import gzip
+
+    text = "".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(3))
+    data = codecs.BOM_UTF8 + text.encode()
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    rejects = Rejects("t")
+    loaded = _load(PromptSource(kind="jsonl", path=str(tmp_path / name), id_prefix="b"), rejects=rejects)
+    assert rejects.rows == []
+    assert [(r.id, r.turns) for r in loaded.records] == [(f"b-{i + 1}", [f"question {i}"]) for i in range(3)]
 
 
 def test_parquet_source_and_max_rows(tmp_path: Path) -> None:

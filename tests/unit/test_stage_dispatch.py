@@ -137,14 +137,16 @@ def test_remote_names_the_field_and_the_flow_run_when_it_cannot_finish(tiny_cfg,
     )
     assert kwargs["job_variables"]["gpu_count"] == 0 and kwargs["parameters"]["config"]["name"] == "tiny-cpu"
 
-    failed = SimpleNamespace(is_completed=lambda: False, name="Failed", message="CUDA out of memory")
+    failed = SimpleNamespace(
+        is_completed=lambda: False, is_final=lambda: True, name="Failed", message="CUDA out of memory"
+    )
     run = SimpleNamespace(name="clever-fox", id="1234", state=failed)
     monkeypatch.setattr(prefect.deployments, "run_deployment", lambda name, **kw: run)
     with pytest.raises(
         dispatch.DispatchError, match="flow run clever-fox .* on pool gb200 ended Failed: CUDA out of memory"
     ):
         dispatch.remote(cfg, "regenerate", str(tmp_path), {}, "c" * 64)
-    run.state = SimpleNamespace(is_completed=lambda: True, name="Completed", message=None)
+    run.state = SimpleNamespace(is_completed=lambda: True, is_final=lambda: True, name="Completed", message=None)
     with pytest.raises(dispatch.DispatchError, match="completed, but .*/regenerate holds no finished manifest"):
         dispatch.remote(cfg, "regenerate", str(tmp_path), {}, "c" * 64)
     _finished(tmp_path, "regenerate", "e" * 64)  # what workers running other code would leave
@@ -163,7 +165,9 @@ def test_a_current_stage_is_answered_from_the_run_folder(tiny_cfg, tmp_path, mon
     def run(name, **kwargs):
         started.append(kwargs["parameters"]["expected"])
         _finished(tmp_path, "train", keys[-1])
-        return SimpleNamespace(name="run", id="42", state=SimpleNamespace(is_completed=lambda: True))
+        return SimpleNamespace(
+            name="run", id="42", state=SimpleNamespace(is_completed=lambda: True, is_final=lambda: True)
+        )
 
     monkeypatch.setattr(prefect.deployments, "run_deployment", run)
     keys = ["d" * 64]

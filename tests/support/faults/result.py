@@ -15,4 +15,5 @@ class FaultResult:
     corrupted: int = 0
     injected: int = 0
     detected_within_s: float = 0.0
+    slots_leaked: int = 0  # global-concurrency slots (`gpu:<pool>`) still taken after the scenario
     detail: dict = field(default_factory=dict)
