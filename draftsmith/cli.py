@@ -8,7 +8,9 @@ traceback is shown with `--debug` or `DRAFTSMITH_DEBUG=1`.
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -233,7 +235,23 @@ COMMANDS = {
 }
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # Unwind as Ctrl-C does: context managers and atexit hooks run, so the run folder's lock is released and
+    # Prefect's temporary server is stopped, where the default action would leave the server orphaned.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _env_defaults()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)

@@ -156,3 +156,53 @@ if __name__ == "__main__":
         die_with_parent()  # what draftsmith.drafters.training.worker does first
     Path(sys.argv[1], f"{os.getpid()}.pid").write_text(str(os.getppid()))
     time.sleep(120)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc (a zombie counts as gone: it holds no resource but its pid)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_sigterm_to_draftsmith_run_stops_its_prefect_server_and_releases_the_folder(tmp_path):
+    from draftsmith.core import runlock
+    from tests.support.paths import TINY
+
+    run_dir = tmp_path / "run"
+    # Its own temporary server, as a user's `draftsmith run` without a configured Prefect API starts.
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PYTHONUNBUFFERED": "1"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "draftsmith.cli", "run", str(TINY), "--run-dir", str(run_dir)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert run.stdout is not None
+    try:
+        for line in run.stdout:  # the temporary server answers once the first stage has started
+            if "select_prompts" in line:
+                break
+        below = _descendants(run.pid)
+        assert below, "draftsmith run started no server process"
+        run.send_signal(signal.SIGTERM)
+        rc = run.wait(timeout=90)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert rc != 0
+    deadline = time.monotonic() + 30
+    while (left := {p for p in below if _alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left behind by a terminated run: {sorted(left)}"
+    assert not runlock.read_holder(run_dir / ".lock"), "a terminated run must release the run folder"
