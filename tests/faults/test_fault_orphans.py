@@ -168,7 +168,8 @@ def _descendants(pid: int) -> set[int]:
             continue
         if fields[0] != "Z":
             parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
