@@ -158,28 +158,11 @@ if __name__ == "__main__":
     time.sleep(120)
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, from /proc (a zombie counts as gone: it holds no resource but its pid)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(stat.parent.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_sigterm_to_draftsmith_run_stops_its_prefect_server_and_releases_the_folder(tmp_path):
     from draftsmith.core import runlock
+    from tests.support.faults.stream import process_tree
     from tests.support.paths import TINY
 
     run_dir = tmp_path / "run"
@@ -194,7 +177,7 @@ def test_sigterm_to_draftsmith_run_stops_its_prefect_server_and_releases_the_fol
         for line in run.stdout:  # the temporary server answers once the first stage has started
             if "select_prompts" in line:
                 break
-        below = _descendants(run.pid)
+        below = {p for p in process_tree(run.pid) if _alive(p)}
         assert below, "draftsmith run started no server process"
         run.send_signal(signal.SIGTERM)
         rc = run.wait(timeout=90)

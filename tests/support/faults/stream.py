@@ -82,6 +82,16 @@ def _children() -> dict[int, list[int]]:
     return out
 
 
+def process_tree(pid: int) -> set[int]:
+    """Every process below `pid`, zombies included (filter with `process_alive` where they count as gone)."""
+    children, todo, found = _children(), [pid], set()
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
 def cmdline(pid: int) -> bytes | None:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
