@@ -47,6 +47,20 @@ class SpecDecode:
     num_accepted_tokens: int
     accepted_per_pos: list[int]  # [num_speculative_tokens]: drafts whose position k was accepted
 
+    def since(self, before: SpecDecode | None) -> SpecDecode:
+        """The counts accumulated after `before` (a server's lifetime counters include its earlier traffic;
+        None: it had drafted nothing yet)."""
+        b = before or SpecDecode(0, 0, 0, [])
+        return SpecDecode(
+            num_drafts=self.num_drafts - b.num_drafts,
+            num_draft_tokens=self.num_draft_tokens - b.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens - b.num_accepted_tokens,
+            accepted_per_pos=[
+                n - (b.accepted_per_pos[k] if k < len(b.accepted_per_pos) else 0)
+                for k, n in enumerate(self.accepted_per_pos)
+            ],
+        )
+
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0

@@ -28,18 +28,7 @@ def delta(after: SpecDecode | None, before: SpecDecode | None) -> SpecDecode:
     """Counters accumulated between two readings (None: the server has drafted nothing yet)."""
     if after is None:
         raise RuntimeError("the server reports no spec-decode counters: speculation is off")
-    zero = SpecDecode(0, 0, 0, [0] * len(after.accepted_per_pos))
-    b = before or zero
-    width = len(after.accepted_per_pos)
-    per_pos = [
-        after.accepted_per_pos[k] - (b.accepted_per_pos[k] if k < len(b.accepted_per_pos) else 0) for k in range(width)
-    ]
-    return SpecDecode(
-        num_drafts=after.num_drafts - b.num_drafts,
-        num_draft_tokens=after.num_draft_tokens - b.num_draft_tokens,
-        num_accepted_tokens=after.num_accepted_tokens - b.num_accepted_tokens,
-        accepted_per_pos=per_pos,
-    )
+    return after.since(before)
 
 
 def figures(spec: SpecDecode) -> dict:

@@ -151,16 +151,7 @@ def measure_engine(url: str, rows: list[dict], prompts: str | None, timeout_s: f
     for endpoint, body in bodies:
         _post(root + endpoint, body | {"model": models[0]["id"], "temperature": 0.0}, timeout_s)
     after = _counters(root, timeout_s)
-    width = len(after.accepted_per_pos)
-    delta = SpecDecode(
-        num_drafts=after.num_drafts - before.num_drafts,
-        num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
-        num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
-        accepted_per_pos=[
-            after.accepted_per_pos[k] - (before.accepted_per_pos[k] if k < len(before.accepted_per_pos) else 0)
-            for k in range(width)
-        ],
-    )
+    delta = after.since(before)
     if delta.num_drafts <= 0:
         raise DoctorInputError(f"--engine-url: {root}/metrics counted no drafts over {len(bodies)} requests")
     return delta, len(bodies)
