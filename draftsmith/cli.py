@@ -15,9 +15,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
-from draftsmith import cli_baseline, cli_deploy, cli_doctor, cli_eval, cli_speedup
+from draftsmith import cli_baseline, cli_deploy, cli_doctor, cli_eval, cli_recipe, cli_speedup, cli_submit
 from draftsmith.core.config import PipelineConfig, RecipeError, load_recipe, note_overrides
 from draftsmith.core.redact import install_log_redaction, redact
 
@@ -42,21 +40,8 @@ def _env_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_TIMEOUT_S)
 
 
-def _overrides(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise RecipeError(f"--set {pair!r}: expected dotted.key=value")
-        try:
-            out[key] = yaml.safe_load(value)
-        except yaml.YAMLError as err:
-            raise RecipeError(f"--set {pair!r}: the value is not valid YAML: {str(err).splitlines()[0]}") from None
-    return out
-
-
 def _load(args: argparse.Namespace) -> PipelineConfig:
-    overrides = _overrides(args.set or [])
+    overrides = cli_recipe.overrides(args.set or [])
     try:
         return load_recipe(args.recipe, overrides)
     except RecipeError as err:
@@ -217,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_deploy.add_parsers(sub)
     cli_baseline.add_parsers(sub)
     cli_doctor.add_parsers(sub)
+    cli_submit.add_parsers(sub)
     return parser
 
 
@@ -232,6 +218,7 @@ COMMANDS = {
     **cli_deploy.COMMANDS,
     **cli_baseline.COMMANDS,
     **cli_doctor.COMMANDS,
+    **cli_submit.COMMANDS,
 }
 
 

@@ -125,9 +125,13 @@ def markdown_tables(results: list[dict], sweeps: list[dict] | None = None, calib
 
 def png_data_url(path: str | Path) -> str:
     """`data:image/png;base64,...` for a PNG file; refuses anything that is not a PNG."""
-    data = Path(path).read_bytes()
+    return png_bytes_url(Path(path).read_bytes(), str(path))
+
+
+def png_bytes_url(data: bytes, name: str) -> str:
+    """`data:image/png;base64,...` for a PNG's bytes; refuses anything that is not a PNG, naming `name`."""
     if not data.startswith(PNG_SIGNATURE):
-        raise ValueError(f"{path} is not a PNG file (no PNG signature)")
+        raise ValueError(f"{name} is not a PNG file (no PNG signature)")
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 

@@ -6,9 +6,9 @@ Logic lives in `tasks/` and `flows/dispatch.py`; this file only wires it.
 from prefect import flow
 
 from draftsmith.core import runlock, storage
-from draftsmith.core.config import PipelineConfig, record_recipe
+from draftsmith.core.config import PipelineConfig, check_target_shape, record_recipe
 from draftsmith.core.manifest import StageManifest
-from draftsmith.evals import doctor
+from draftsmith.evals import results_page
 from draftsmith.flows import dispatch
 from draftsmith.flows.stages import key_here, run_here
 
@@ -31,6 +31,9 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
     Started by a worker, the stages of other work pools run as `stage/<pool>` flow runs there; called
     directly, every stage runs here. Online hidden states have no stage: training consumes the stream.
     """
+    # Before the lock and any stage: a run started from the UI or `prefect deployment run` (which check the
+    # recipe's schema only) fails here at once, naming the field, rather than in a stage minutes later.
+    check_target_shape(config, origin=f"recipe {config.name!r}")
     run_dir = run_dir or default_run_dir(config)
     # Taken here, not in the CLI, so deployment runs hold it too; the `stage/<pool>` flow runs this one
     # dispatches write while it holds the lock and take none of their own.
@@ -45,8 +48,6 @@ def kimi_k3(config: PipelineConfig, run_dir: str | None = None) -> dict[str, Sta
                 # Tagged, not wrapped: retry policies and callers still see the stage's own exception type.
                 setattr(err, _STAGE_ATTR, stage)
                 raise
-        evaluated = done.get("evaluate")
-        # Here, not in the stage: a run whose stages all came from a cache still shows the findings.
-        if config.evaluate.doctor and evaluated is not None:
-            doctor.publish(run_dir, key=f"doctor-{evaluated.key[:12]}")
+        # Here, not in a stage: a run whose stages all came from a cache still shows its results.
+        results_page.publish(run_dir, with_doctor=config.evaluate.doctor)
         return done

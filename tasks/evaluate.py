@@ -130,17 +130,20 @@ def evaluate_checkpoint(
         cfg.temperature, cfg.top_p, cfg.verification, cfg.max_new_tokens, g, seed, cfg.batch_size
     )
     eos = set(hf.end_of_turn_ids(tok, model))
+    benches = benches_for(cfg, prompts, seed)
     with torch.inference_mode():
         calibration = drafter_cfg.calibration_prompts(cfg.calibration_prompts)
         out, rows, fitted = evaluation.evaluate_drafter(
-            model, tok, family, drafter, taps, kind=drafter_cfg.kind, benches=benches_for(cfg, prompts, seed),
+            model, tok, family, drafter, taps, kind=drafter_cfg.kind, benches=benches,
             settings=settings, eos=eos, calibration_prompts=calibration, threshold=cfg.confidence_threshold,
             progress=progress,
         )  # fmt: skip
     decoding = {"temperature": cfg.temperature, "top_p": cfg.top_p, "batch_size": cfg.batch_size}
-    # The harness renders prompts with the target tokenizer's template and its default thinking mode: recorded
-    # so that `draftsmith doctor` can hold them against the template and mode the training data was made with.
-    template = {"sha256": template_hash(tok.chat_template), "thinking": "template default"}
+    # The harness renders prompts with the target tokenizer's template and its default thinking mode: recorded,
+    # with how many prompts set a system message, so that `draftsmith doctor` can hold them against the data's.
+    asked = [p for bench in benches.values() for p in bench]
+    template = {"sha256": template_hash(tok.chat_template), "thinking": "template default",
+                "system_prompts": sum(1 for p in asked if p.system), "prompts": len(asked)}  # fmt: skip
     results = headline(drafter_cfg.kind, out["benches"], g) | out | decoding | {"chat_template": template}
     files = [
         file_entry(uri, "results.json", (json.dumps(results, indent=2) + "\n").encode()),
@@ -186,8 +189,8 @@ def evaluate(
             results, files = evaluate_checkpoint(
                 cfg, drafter_cfg, target, prompts, checkpoint.uri, seed=seed, uri=uri, key=key, progress=progress
             )
-        # `speedup` is the harness's batched tokens/s ratio (`format_table` labels it); the served one is `speedup`'s.
-        metrics = {"acc_len": results["acc_len"]["overall"], "speedup": results["speedup"]}
+        # Named for what it is: the batched in-process tokens/s ratio, not what a serving engine gains.
+        metrics = {"acc_len": results["acc_len"]["overall"], "harness_ratio": results["speedup"]}
         return StageResult(files=files, counts={"prompts": results["prompts"]}, metrics=metrics)
 
     return run_stage(STAGE, out_uri, key, compute)

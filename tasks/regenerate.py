@@ -301,12 +301,17 @@ def regenerate(
             finally:
                 if engine is None:
                     eng.close()
-            return _finish(cfg, uri, chunks, len(records), info)
+            # Recorded for `draftsmith doctor`: a drafter trained on prompts with (or without) a system message
+            # sees other prefixes when served the other way, since templates add a default one of their own.
+            system = sum(1 for r in records if r.system)
+            return _finish(cfg, uri, chunks, len(records), info, system_prompts=system)
 
     return run_stage(STAGE, out_uri, key, compute)
 
 
-def _finish(cfg: RegenerateConfig, uri: str, chunks: list[_Chunk], num_prompts: int, info: dict) -> StageResult:
+def _finish(
+    cfg: RegenerateConfig, uri: str, chunks: list[_Chunk], num_prompts: int, info: dict, *, system_prompts: int
+) -> StageResult:
     files: list[FileEntry] = []
     kept = 0
     for chunk in chunks:
@@ -318,7 +323,8 @@ def _finish(cfg: RegenerateConfig, uri: str, chunks: list[_Chunk], num_prompts: 
     rejects.check(num_prompts * cfg.n, cfg.max_rejected_share, where=storage.join(uri, REJECTED_FILE))
     dropped = {f"dropped.{r}": sum(row["reason"] == r for row in rejects.rows) for r in DROP_REASONS}
     files.append(file_entry(uri, "provenance.json", json.dumps(info, indent=2).encode()))
-    return StageResult(files=files, counts={"prompts": num_prompts, "conversations": kept} | dropped, info=info)
+    counts = {"prompts": num_prompts, "system_prompts": system_prompts, "conversations": kept}
+    return StageResult(files=files, counts=counts | dropped, info=info)
 
 
 def read_conversations(manifest: StageManifest) -> list[dict]:

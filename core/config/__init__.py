@@ -2,7 +2,15 @@
 
 from draftsmith.core.config.drafter import DFlash2Config, DrafterConfig, DSparkConfig, Eagle3Config
 from draftsmith.core.config.hidden_states import HiddenStatesConfig
-from draftsmith.core.config.loader import RecipeError, dump_recipe, load_recipe, note_overrides, record_recipe
+from draftsmith.core.config.loader import (
+    RecipeError,
+    check_target_shape,
+    dump_recipe,
+    load_recipe,
+    note_overrides,
+    parse_recipe,
+    record_recipe,
+)
 from draftsmith.core.config.nightly import NightlyConfig
 from draftsmith.core.config.pipeline import PipelineConfig
 from draftsmith.core.config.regenerate import RegenerateConfig
@@ -33,8 +41,10 @@ __all__ = [
     "TargetConfig",
     "TokenizeConfig",
     "TrainConfig",
+    "check_target_shape",
     "dump_recipe",
     "load_recipe",
     "note_overrides",
+    "parse_recipe",
     "record_recipe",
 ]

@@ -116,8 +116,9 @@ def _local_model_config(source: str) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def _check_target_shape(cfg: PipelineConfig, origin: str) -> None:
-    """The declared target shape must be the model's: taps and heads are sized from it before any load."""
+def check_target_shape(cfg: PipelineConfig, origin: str = "<recipe>") -> None:
+    """The declared target shape must be the model's: taps and heads are sized from it before any load. Checked
+    when the model's folder is on this machine; `RecipeError` naming the field otherwise."""
     config = _local_model_config(cfg.target.source)
     if config is None:
         return
@@ -132,8 +133,18 @@ def _check_target_shape(cfg: PipelineConfig, origin: str) -> None:
             )
 
 
-def parse_recipe(data: Any, origin: str = "<recipe>") -> PipelineConfig:
-    """Validate an already-parsed recipe mapping."""
+def parse_recipe(data: Any, origin: str = "<recipe>", *, files: bool = True) -> PipelineConfig:
+    """Validate an already-parsed recipe mapping: the model's rules, then (with `files`) that its local files
+    exist, then the target's shape against its config.json when the model is on this machine."""
+    cfg = parse_model(data, origin)
+    if files:
+        _check_files(cfg, origin)
+    check_target_shape(cfg, origin)
+    return cfg
+
+
+def parse_model(data: Any, origin: str = "<recipe>") -> PipelineConfig:
+    """The recipe model's rules only (every field and every rule across fields); `RecipeError` naming the path."""
     if data is None:
         raise RecipeError(f"{origin}: the recipe is empty (no YAML mapping in the file)")
     if not isinstance(data, dict):
@@ -142,8 +153,6 @@ def parse_recipe(data: Any, origin: str = "<recipe>") -> PipelineConfig:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as err:
         raise RecipeError(_format(err, origin)) from None
-    _check_files(cfg, origin)
-    _check_target_shape(cfg, origin)
     return cfg
 
 
@@ -273,19 +282,25 @@ def _kind(value: Any) -> str:
     return f"the value {json.dumps(value)}" if isinstance(value, bool | int | float | str | None) else "not a mapping"
 
 
-def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+def apply_overrides(data: Any, overrides: dict[str, Any] | None, origin: str) -> None:
+    """Replace dotted keys of a parsed recipe in place, e.g. `{"train.epochs": 1}`."""
+    if overrides and isinstance(data, dict):
+        for dotted, value in overrides.items():
+            _apply_override(data, dotted, value, origin)
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None, *, files: bool = True) -> PipelineConfig:
     """Load and validate a YAML recipe (local path or fsspec URL).
 
     Args:
         path: the recipe file.
         overrides: dotted keys to replace before validation, e.g. `{"train.epochs": 1}`.
+        files: check that the local files it names exist here (off where other machines read them).
     """
     origin = str(path)
     data = _read_yaml(origin)
-    if overrides and isinstance(data, dict):
-        for dotted, value in overrides.items():
-            _apply_override(data, dotted, value, origin)
-    return parse_recipe(data, origin)
+    apply_overrides(data, overrides, origin)
+    return parse_recipe(data, origin, files=files)
 
 
 def note_overrides(err: RecipeError, keys: list[str], origin: str, note: str) -> RecipeError:
@@ -293,7 +308,7 @@ def note_overrides(err: RecipeError, keys: list[str], origin: str, note: str) ->
     lines = []
     for line in str(err).splitlines():
         field = line.removeprefix(f"{origin}: ").split(": ", 1)[0]
-        hit = any(k == field or k.startswith(f"{field}.") or field.startswith(f"{k}.") for k in keys)
+        hit = any(k == field or k.startswith(f"{field}.") or field.startswith((f"{k}.", f"{k}[")) for k in keys)
         lines.append(f"{line} ({note})" if hit else line)
     return RecipeError("\n".join(lines))
 

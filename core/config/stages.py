@@ -122,7 +122,7 @@ class EvaluateConfig(StrictModel):
     )
     doctor: bool = Field(
         True,
-        description="Publish `draftsmith doctor`'s findings as a Prefect markdown artifact at the end of a flow run.",
+        description="Add `draftsmith doctor`'s findings to the results page every flow run publishes.",
     )
 
     @model_validator(mode="after")

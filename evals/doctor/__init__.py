@@ -2,13 +2,14 @@
 
 `diagnose(run)` reads what the stages wrote (`facts.read_run`) and runs every check; each check is a small
 function of the run's facts returning findings (`findings.Finding`). `render_text` and `to_json` print the
-report; `render_markdown` is the Prefect artifact's text. The checks and their thresholds: `docs/doctor.md`.
+report; `render_markdown` is the results page's section (`evals.results_page`). The checks and their
+thresholds: `docs/doctor.md`.
 """
 
 from draftsmith.evals.doctor.facts import DoctorInputError, RunFacts, read_run
 from draftsmith.evals.doctor.findings import Finding
-from draftsmith.evals.doctor.report import CHECKS, Report, diagnose, diagnose_facts, publish
+from draftsmith.evals.doctor.report import CHECKS, Report, diagnose, diagnose_facts
 
 __all__ = [
-    "CHECKS", "DoctorInputError", "Finding", "Report", "RunFacts", "diagnose", "diagnose_facts", "publish", "read_run",
+    "CHECKS", "DoctorInputError", "Finding", "Report", "RunFacts", "diagnose", "diagnose_facts", "read_run",
 ]  # fmt: skip

@@ -17,6 +17,7 @@ FUSION_INIT_STD = 0.03  # relative distance of the block's std from the uniform 
 MASK_TEMPLATE = 0.9  # loss tokens over all tokens above which the mask must cover prompts and template
 MASK_THIN = 0.05  # ... below which answers are mostly cut or unmasked
 TRUNCATED_WARN = 0.1  # samples cut at tokenize.max_length
+SYSTEM_SHARE_GAP = 0.5  # training and evaluated prompts' shares that set a system message, further apart than this
 VOCAB_MISS_WARN = 0.05  # share of evaluated target tokens outside the draft vocabulary
 VOCAB_TARGET = 0.95  # coverage the suggested vocabulary size reaches
 
@@ -138,10 +139,32 @@ def template_mode(f: RunFacts) -> list[Finding]:
         title = "the data is in thinking mode; the evaluation renders prompts in the template's default mode"
         fix = "serve with the data's mode (enable_thinking), or regenerate.thinking: false"
         out.append(F.warn(check, title, shown, fix=fix))
+    out += _system(check, reg.counts, served)
     out += _mask(check, tok.counts)
     if not any(x.severity in ("warn", "error") for x in out):
         out.append(F.ok(check, "one chat template and thinking mode from data to evaluation", shown))
     return out
+
+
+def _system(check: str, counts: dict[str, int], served: dict) -> list[Finding]:
+    """Prompts with a system message in the training data against the evaluated ones: a template that adds a
+    default system message where none is given renders the two kinds with different prefixes."""
+    trained, evaluated = counts.get("system_prompts"), served.get("system_prompts")
+    if trained is None or evaluated is None or not counts.get("prompts") or not served.get("prompts"):
+        return []  # recorded since regenerate and evaluate count system messages; older runs are not compared
+    a, b = trained / counts["prompts"], evaluated / served["prompts"]
+    if abs(a - b) <= SYSTEM_SHARE_GAP:
+        return []
+    line = (
+        f"regenerate/manifest.json counts: system_prompts {trained} of {counts['prompts']} ({a:.0%}); "
+        f"evaluate/results.json chat_template: system_prompts {evaluated} of {served['prompts']} ({b:.0%})"
+    )
+    title = "the training prompts and the evaluated ones differ in whether they set a system message"
+    fix = (
+        "train on prompts with the system message your requests carry (select.sources, select.writing.system), "
+        "or serve requests the way the data was made"
+    )
+    return [F.warn(check, title, line, fix=fix)]  # fmt: skip
 
 
 def _mask(check: str, counts: dict[str, int]) -> list[Finding]:

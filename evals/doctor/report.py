@@ -1,17 +1,13 @@
 """Run every check over a run's facts and print the findings: text for people, JSON for machines, markdown
-for the Prefect artifact the evaluate stage publishes."""
+for the results page every pipeline run publishes (`evals.results_page`)."""
 
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from draftsmith.evals.doctor import acceptance, conventions, serving, training
 from draftsmith.evals.doctor.facts import RunFacts, read_run
 from draftsmith.evals.doctor.findings import SEVERITIES, Finding
-from draftsmith.evals.report import in_prefect_run
-
-log = logging.getLogger(__name__)
 
 # In the report's order: what the trainer says, then where acceptance goes, then conventions, then serving.
 CHECKS: dict[str, Callable[[RunFacts], list[Finding]]] = {
@@ -99,19 +95,3 @@ def diagnose(run: str, engine_url: str | None = None, prompts: str | None = None
     """Read the run folder (local or any fsspec URL) and run every check; `DoctorInputError` for a folder
     that is not a run."""
     return diagnose_facts(read_run(run), engine_url, prompts)
-
-
-def publish(run: str, *, key: str) -> list[str]:
-    """The report on `run` as a Prefect markdown artifact `key`, inside a flow or task run; returns the keys
-    created ([] outside a run, where an artifact would start a temporary server)."""
-    if not in_prefect_run():
-        return []
-    try:
-        found = diagnose(run)
-    except Exception as err:  # the stage's results are written: a report that fails must not fail the stage
-        log.warning("doctor: no report for %s: %s", run, err)
-        return []
-    from prefect import artifacts
-
-    artifacts.create_markdown_artifact(markdown=found.render_markdown(), key=key, description="draftsmith doctor")
-    return [key]

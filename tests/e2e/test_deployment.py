@@ -165,30 +165,12 @@ def test_local_deploy_then_dspark_runs_tiny_recipe_on_process_worker(prefect_ser
 
     run_dir = tmp_path / "run"
     params = {"config": tiny_dspark_recipe(), "run_dir": str(run_dir)}
-    out = run_cli(server, [PREFECT, "deployment", "run", "kimi-k3/dspark", "--params", json.dumps(params)])
-    ids = re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", out)
-    assert ids, f"no flow run id in `prefect deployment run` output:\n{out}"
-    flow_run_id = ids[0]
-
-    (worker_cwd := tmp_path / "worker-cwd").mkdir()
-    t1 = time.monotonic()
-    gpu_worker = _start_worker(server, "local-gpu", tmp_path / "worker-gpu.log", worker_cwd, run_once=False)
-    try:
-        worker_rc = _run_worker(server, tmp_path / "worker.log", worker_cwd)
-    finally:
-        stop(gpu_worker, sigterms=2)
-    worker_out = (
-        tail(tmp_path / "worker.log", 6000) + "\n--- local-gpu worker ---\n" + tail(tmp_path / "worker-gpu.log", 6000)
-    )
-    print(f"worker exited {worker_rc} after {time.monotonic() - t1:.1f} s; output:\n{worker_out}")
-
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(params["config"]))
+    _check_submit_refuses(server, recipe_file)
+    start = [PREFECT, "deployment", "run", "kimi-k3/dspark", "--params", json.dumps(params)]
+    flow_run_id, worker_out = _deployment_run(server, start, tmp_path, "first")
     flow_run = get_json(f"{server.api_url}/flow_runs/{flow_run_id}")
-    state = flow_run["state"] or {}
-    assert (state.get("type"), state.get("name")) == ("COMPLETED", "Completed"), (
-        f"flow run {flow_run_id} ended {state.get('type')}/{state.get('name')}: {state.get('message')}\n"
-        f"worker output (exit {worker_rc}):\n{worker_out}"
-    )
-    assert worker_rc == 0, f"worker exited {worker_rc}:\n{worker_out}"
     assert flow_run["name"] == "tiny-cpu-dspark" and flow_run["parameters"]["run_dir"] == str(run_dir)
 
     descendants = _descendants(server, flow_run_id)
@@ -206,4 +188,62 @@ def test_local_deploy_then_dspark_runs_tiny_recipe_on_process_worker(prefect_ser
     results = json.loads((run_dir / "evaluate" / "results.json").read_text())
     assert results["drafter"] == "dspark" and results["acc_len"]["overall"] >= 1.0, results
     assert results["mismatched_outputs"] == 0, results  # greedy verification is lossless
+    _check_results_page(artifacts["results-run"])
+
+    # Again, as a user re-running the deployment does: every stage is reused, and the run still has its page.
+    manifests = {stage: (run_dir / stage / "manifest.json").read_bytes() for stage in STAGES}
+    start = [DRAFTSMITH, "submit", "kimi-k3/dspark", recipe_file, "--run-dir", run_dir]
+    again, worker_out = _deployment_run(server, start, tmp_path, "second")
+    assert get_json(f"{server.api_url}/flow_runs/{again}")["name"] == "tiny-cpu-dspark"
+    assert {stage: (run_dir / stage / "manifest.json").read_bytes() for stage in STAGES} == manifests, worker_out
+    reused = {a["key"]: a for a in _artifacts(server, [again]) if a.get("key")}
+    assert not any(k.startswith(("eval-", "train-")) for k in reused), sorted(reused)  # nothing was computed
+    _check_results_page(reused["results-run"])
     print(f"total {time.monotonic() - t0:.1f} s after the server was healthy; artifacts {sorted(artifacts)}")
+
+
+def _check_submit_refuses(server: Server, recipe_file: Path) -> None:
+    """`draftsmith submit` refuses a recipe that breaks a rule across fields, naming it, and creates no run;
+    `prefect deployment run` would create it and a worker would fail it later."""
+    argv = [DRAFTSMITH, "submit", "kimi-k3/dspark", recipe_file, "--set", "hidden_states.taps=[1,2,40]"]
+    res = subprocess.run([str(a) for a in argv], cwd=ROOT, env=server.env, capture_output=True, text=True, timeout=300)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "hidden_states.taps[2]" in lines[0], res.stdout + res.stderr
+    assert "(from --set)" in lines[0], lines
+    assert _post(server, "flow_runs/filter", {}) == [], "a refused recipe created a flow run"
+
+
+def _deployment_run(server: Server, start: list, tmp_path: Path, tag: str) -> tuple[str, str]:
+    """A deployment run started by `start` (`prefect deployment run` or `draftsmith submit`), executed by a
+    `--run-once` worker on `local` with a worker on `local-gpu` for the stages dispatched there; asserts it
+    completed and returns (flow run id, worker output)."""
+    out = run_cli(server, start)
+    ids = re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", out)
+    assert ids, f"no flow run id in `{start[1]}` output:\n{out}"
+    flow_run_id = ids[0]
+    (worker_cwd := tmp_path / f"worker-cwd-{tag}").mkdir()
+    logs = tmp_path / f"worker-{tag}.log", tmp_path / f"worker-gpu-{tag}.log"
+    t1 = time.monotonic()
+    gpu_worker = _start_worker(server, "local-gpu", logs[1], worker_cwd, run_once=False)
+    try:
+        worker_rc = _run_worker(server, logs[0], worker_cwd)
+    finally:
+        stop(gpu_worker, sigterms=2)
+    worker_out = tail(logs[0], 6000) + "\n--- local-gpu worker ---\n" + tail(logs[1], 6000)
+    print(f"{tag} run: worker exited {worker_rc} after {time.monotonic() - t1:.1f} s; output:\n{worker_out}")
+    state = get_json(f"{server.api_url}/flow_runs/{flow_run_id}")["state"] or {}
+    assert (state.get("type"), state.get("name")) == ("COMPLETED", "Completed"), (
+        f"flow run {flow_run_id} ended {state.get('type')}/{state.get('name')}: {state.get('message')}\n"
+        f"worker output (exit {worker_rc}):\n{worker_out}"
+    )
+    assert worker_rc == 0, f"worker exited {worker_rc}:\n{worker_out}"
+    return flow_run_id, worker_out
+
+
+def _check_results_page(page: dict) -> None:
+    """The results artifact: per-benchmark acceptance and every speed-up figure labelled with what it is."""
+    text = page["data"]
+    assert page["type"] == "markdown" and text.startswith("# Results: run"), text[:200]
+    assert "## Acceptance length per benchmark" in text and "| held-out | overall |" in text, text
+    assert "## Serving speed-up" in text and "it is not a serving speed-up" in text, text
+    assert "## Training loss" in text and "## Doctor" in text and "![acc_len_by_bench](data:image/png" in text

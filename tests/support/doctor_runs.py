@@ -2,7 +2,7 @@
 figure derived as the stages derive it, and a fake vLLM server with spec-decode counters.
 
 `healthy_run(path)` writes manifests, `train/metrics.jsonl`, `train/config.json` (an EAGLE-3 serving config),
-`train/model.safetensors` (fusion weights and a pruned vocabulary), and the evaluation's `prompts.jsonl` rows
+`train/model.safetensors` (fusion weights and a pruned vocabulary), the evaluation's plot, and its `prompts.jsonl` rows
 simulated round by round with `Decoded.record`, summed by `harness.summarise_bench` and `evaluate.headline`.
 Each keyword plants one defect; tests then assert the doctor names it.
 """
@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from draftsmith.core import tensorio
 from draftsmith.core.manifest import StageManifest, entry
@@ -49,6 +50,7 @@ class Plan:
     eval_template: str = TEMPLATE
     loss_share: float = 0.4
     served_first: float | None = None  # speedup.json's first-draft acceptance
+    system_prompts: tuple[float, float] = (0.2, 0.1)  # shares of training and evaluated prompts with a system message
 
 
 def _manifest(run: Path, stage: str, **fields) -> None:
@@ -133,7 +135,8 @@ def _evaluation(plan: Plan, seed: int = 0) -> tuple[dict, list[dict]]:
         results.append(harness.summarise_bench(bench, "eagle3", bench_rows, settings) | {"seconds": 8.0})
         rows += bench_rows
     out = headline("eagle3", results, G) | {"benches": results, "temperature": 0.0, "top_p": 1.0, "batch_size": 1}
-    return out | {"chat_template": {"sha256": plan.eval_template, "thinking": "template default"}}, rows
+    asked = {"system_prompts": int(out["prompts"] * plan.system_prompts[1]), "prompts": out["prompts"]}
+    return out | {"chat_template": {"sha256": plan.eval_template, "thinking": "template default"} | asked}, rows
 
 
 def _config(plan: Plan) -> dict:
@@ -173,7 +176,8 @@ def healthy_run(run: Path, plan: Plan | None = None) -> Path:
     plan = plan or Plan()
     for stage in ("regenerate", "tokenize", "hidden_states", "train", "evaluate"):
         (run / stage).mkdir(parents=True, exist_ok=True)
-    _manifest(run, "regenerate", info={"chat_template_sha256": TEMPLATE, "thinking": plan.thinking[0]})
+    system = {"prompts": 500, "system_prompts": int(500 * plan.system_prompts[0])}
+    _manifest(run, "regenerate", counts=system, info={"chat_template_sha256": TEMPLATE, "thinking": plan.thinking[0]})
     tokens = 100_000
     counts = {"samples": 500, "tokens": tokens, "loss_tokens": int(plan.loss_share * tokens), "truncated": 3}
     _manifest(run, "tokenize", counts=counts, info={"chat_template_sha256": TEMPLATE, "thinking": plan.thinking[1]})
@@ -187,6 +191,7 @@ def healthy_run(run: Path, plan: Plan | None = None) -> Path:
     results, rows = _evaluation(plan)
     (run / "evaluate" / "results.json").write_text(json.dumps(results))
     (run / "evaluate" / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    Image.new("RGB", (4, 3), "white").save(run / "evaluate" / "acc_len_by_bench.png")
     _manifest(run, "evaluate", counts={"prompts": results["prompts"]})
     if plan.served_first is not None:
         write_speedup(run, plan.served_first)

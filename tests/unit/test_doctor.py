@@ -115,6 +115,11 @@ def test_chat_template_differs_from_the_evaluation(tmp_path):
     assert "another chat template" in text and "bbbbbbbbbbbb" in text
 
 
+def test_system_messages_differ_between_data_and_evaluation(tmp_path):
+    title = _one(tmp_path, "template", system_prompts=(0.0, 1.0))
+    assert "differ in whether they set a system message" in title
+
+
 def test_loss_mask_covers_the_template(tmp_path):
     text = _one(tmp_path, "template", loss_share=0.97)
     assert "covers nearly every token" in text and "97.0%" in text and "tokenize.renderer" in text
@@ -214,23 +219,6 @@ def test_doctor_reads_a_run_through_fsspec(tmp_path):
             memory.pipe(f"/doctor-run/{path.relative_to(run)}", path.read_bytes())
     report = diagnose("memory://doctor-run")
     assert [f.severity for f in report.findings if f.check == "tap-convention"] == ["error"]
-
-
-def test_doctor_report_becomes_a_prefect_artifact(tmp_path, monkeypatch):
-    from prefect import artifacts
-
-    from draftsmith.evals.doctor import report
-
-    run = healthy_run(tmp_path / "run", Plan(layer_ids=[0, 1, 2]))
-    assert report.publish(str(run), key="doctor-abc") == []  # outside a flow run: nothing, and no server started
-    made: list[dict] = []
-    monkeypatch.setattr(report, "in_prefect_run", lambda: True)
-    monkeypatch.setattr(artifacts, "create_markdown_artifact", lambda **kw: made.append(kw))
-    assert report.publish(str(run), key="doctor-abc") == ["doctor-abc"]
-    markdown = made[0]["markdown"]
-    assert made[0]["key"] == "doctor-abc" and markdown.startswith("## Doctor")
-    assert "| error | tap-convention |" in markdown and "harness batched tokens/s ratio x2.00" in markdown
-    assert report.publish(str(tmp_path / "absent"), key="doctor-abc") == []  # a report that fails fails nothing
 
 
 @pytest.mark.parametrize(
