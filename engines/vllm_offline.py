@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from draftsmith.core import procs
+from draftsmith.core import procs, proctree
 from draftsmith.engines import vllm_worker
 from draftsmith.engines.base import ChatRequest, Completion, SamplingParams, template_hash
 
@@ -90,8 +90,7 @@ def group_alive(pgid: int) -> bool:
 
     Zombies are skipped: a container's PID 1 may never reap orphans, yet they hold no memory or cores.
     """
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: fall back to the signal check, which counts zombies as alive
+    if not proctree.PROC.is_dir():  # not Linux: fall back to the signal check, which counts zombies as alive
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -99,14 +98,7 @@ def group_alive(pgid: int) -> bool:
         except PermissionError:
             pass
         return True
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return any(int(fields[2]) == pgid and fields[0] != "Z" for fields in proctree.processes().values())
 
 
 def kill_group(pgid: int, *, wait_s: float = 10.0) -> None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-_PROC = Path("/proc")
+from draftsmith.core import proctree
+
+_PROC = proctree.PROC
 
 
 @dataclass(frozen=True)
@@ -57,28 +58,10 @@ def _busy_ticks() -> int | None:
 
 def _tree_ticks(root: int) -> int:
     """CPU time of `root` and every live descendant, with their reaped children's (`/proc/<pid>/stat`)."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:  # gone since the listing
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
-        parent[int(entry.name)] = int(fields[1])
-        ticks[int(entry.name)] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    ours, frontier = {root}, [root]
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            if child not in ours:
-                ours.add(child)
-                frontier.append(child)
-    return sum(ticks.get(pid, 0) for pid in ours)
+    procs = proctree.processes()
+    ours = [root, *proctree.descendants(root, procs)]
+    # utime stime cutime cstime: the stat fields 14-17, here 11-14 after the command name
+    return sum(sum(int(v) for v in procs[pid][11:15]) for pid in ours if pid in procs)
 
 
 class LoadMeter:

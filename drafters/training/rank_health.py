@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from draftsmith.core.proctree import process_alive
+
 HEARTBEAT_ENV = "DRAFTSMITH_HEARTBEAT_DIR"
 HEARTBEAT_S = 1.0  # a rank touches its heartbeat file this often; the launcher looks twice as often
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
@@ -42,15 +44,6 @@ class TorchrunError(RuntimeError):
 
 class TorchrunTimeout(TorchrunError, TimeoutError):
     """The launch outlived `timeout_s`; torchrun and every rank were killed."""
-
-
-def process_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (orphans reparented to a non-reaping init stay zombies)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _error_files(log_dir: Path, since_ns: int) -> list[Path]:

@@ -32,9 +32,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from draftsmith.core import procs, runlock
+from draftsmith.core import procs, proctree, runlock
+from draftsmith.core.proctree import process_alive
 from draftsmith.drafters.training import rank_health
-from draftsmith.drafters.training.rank_health import HEARTBEAT_ENV, TorchrunError, TorchrunTimeout, process_alive
+from draftsmith.drafters.training.rank_health import HEARTBEAT_ENV, TorchrunError, TorchrunTimeout
 
 RDZV_ENDPOINT_ENV = "DRAFTSMITH_RDZV_ENDPOINT"
 # JOB_COMPLETION_INDEX is what a Kubernetes Indexed Job gives each pod.
@@ -138,29 +139,6 @@ def torchrun_command(spec: TorchrunSpec, *, environ: Mapping[str, str] | None = 
     return cmd + ["-m", spec.module, *spec.args]
 
 
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The command name may hold spaces or parentheses: the fields after the last ')' are fixed.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    children, out, todo = _children_map(), [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
@@ -174,7 +152,7 @@ def _kill_launch(proc: subprocess.Popen, log: logging.Logger | logging.LoggerAda
     Ranks run in their own sessions (torchrun starts each with start_new_session), so they are found by
     walking /proc before torchrun goes, and each rank's group is killed too.
     """
-    ranks = _descendants(proc.pid)
+    ranks = proctree.descendants(proc.pid)
     log.warning("stopping torchrun (pid %d) and %d descendant processes", proc.pid, len(ranks))
     _signal_group(proc.pid, signal.SIGTERM)
     try:

@@ -33,7 +33,7 @@ DEATH_S = 5.0
 
 
 def _alive(pid: int) -> bool:
-    from draftsmith.drafters.training.torchrun import process_alive
+    from draftsmith.core.proctree import process_alive
 
     return process_alive(pid)
 
@@ -162,7 +162,7 @@ if __name__ == "__main__":
 @pytest.mark.timeout(240)
 def test_sigterm_to_draftsmith_run_stops_its_prefect_server_and_releases_the_folder(tmp_path):
     from draftsmith.core import runlock
-    from tests.support.faults.stream import process_tree
+    from draftsmith.core.proctree import descendants
     from tests.support.paths import TINY
 
     run_dir = tmp_path / "run"
@@ -177,7 +177,7 @@ def test_sigterm_to_draftsmith_run_stops_its_prefect_server_and_releases_the_fol
         for line in run.stdout:  # the temporary server answers once the first stage has started
             if "select_prompts" in line:
                 break
-        below = {p for p in process_tree(run.pid) if _alive(p)}
+        below = {p for p in descendants(run.pid) if _alive(p)}
         assert below, "draftsmith run started no server process"
         run.send_signal(signal.SIGTERM)
         rc = run.wait(timeout=90)

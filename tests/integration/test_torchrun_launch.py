@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from draftsmith.core.proctree import process_alive
 from draftsmith.drafters.training.torchrun import (
     GRACE_S,
     TorchrunError,
@@ -22,7 +23,6 @@ from draftsmith.drafters.training.torchrun import (
     TorchrunTimeout,
     fetch_launch,
     launch_address,
-    process_alive,
     run_torchrun,
     serve_launch,
     torchrun_command,

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from draftsmith.core import proctree
 from tests.support.faults.result import FaultResult
 from tests.support.paths import ROOT, TINY
 from tests.support.prefect import (
@@ -185,7 +186,10 @@ def _wait_running(server: Server, run_dir: Path, parent: subprocess.Popen) -> di
 
 
 def _parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    fields = proctree.stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    return int(fields[1])
 
 
 def _kill_node(flow_pid: int, workers: tuple[int, ...] = ()) -> float:

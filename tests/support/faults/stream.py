@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from draftsmith.core import proctree
 from tests.support.faults.result import FaultResult
 from tests.support.paths import ROOT, TINY
 
@@ -70,28 +71,6 @@ def tiny_inputs(workdir: str | Path | None = None) -> tuple:
 # --- processes ------------------------------------------------------------------------------------------------
 
 
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            # The command name may hold spaces or parentheses: the fields after the last ')' are fixed.
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            out.setdefault(parent, []).append(int(entry.name))
-    return out
-
-
-def process_tree(pid: int) -> set[int]:
-    """Every process below `pid`, zombies included (filter with `process_alive` where they count as gone)."""
-    children, todo, found = _children(), [pid], set()
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
 def cmdline(pid: int) -> bytes | None:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -101,17 +80,13 @@ def cmdline(pid: int) -> bytes | None:
 
 def descendants(match: str, env: str | None = None) -> list[int]:
     """This process's live descendants whose command line holds `match` (and whose environment holds `env`)."""
-    from draftsmith.drafters.training.torchrun import process_alive
-
-    children, todo, found = _children(), [os.getpid()], []
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            todo.append(pid)
-            if match.encode() not in (cmdline(pid) or b"").replace(b"\0", b" ") or not process_alive(pid):
-                continue
-            with contextlib.suppress(OSError):
-                if env is None or env.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                    found.append(pid)
+    found = []
+    for pid in proctree.descendants(os.getpid()):
+        if match.encode() not in (cmdline(pid) or b"").replace(b"\0", b" ") or not proctree.process_alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            if env is None or env.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
     return found
 
 
@@ -128,9 +103,7 @@ def _is_python_worker(pid: int) -> bool:
 def _release(pid: int | None, argv: bytes | None) -> None:
     """Never leave a stopped or injected process behind, whatever the scenario's outcome; `argv` (its command
     line when it was faulted) makes sure the pid was not reused by another process since."""
-    from draftsmith.drafters.training.torchrun import process_alive
-
-    if pid is None or not process_alive(pid) or cmdline(pid) != argv:
+    if pid is None or not proctree.process_alive(pid) or cmdline(pid) != argv:
         return
     for sig in (signal.SIGCONT, signal.SIGKILL):
         with contextlib.suppress(OSError):
@@ -395,8 +368,6 @@ with OnlineSource(*parts, StageManifest.model_validate(spec["tokens"]), epochs=1
 
 def _start_parent(c, inputs, work: Path) -> tuple[subprocess.Popen, dict]:
     """The stream's owner in its own process, and the pids of the master and producers it started."""
-    from draftsmith.drafters.training.torchrun import process_alive
-
     hidden = _with(c.hidden_states, mode="online", online={"num_producers": 2, "segment_mb": 16})
     spec = {"hidden": hidden.model_dump(mode="json"), "target": c.target.model_dump(mode="json")}
     spec["tokens"] = inputs["tokenize"].model_dump(mode="json")
@@ -414,7 +385,7 @@ def _start_parent(c, inputs, work: Path) -> tuple[subprocess.Popen, dict]:
         parent.kill()
         raise RuntimeError(f"the stream's owner did not start: {(work / 'parent.log').read_text()[-2000:]}")
     pids = json.loads(pids_path.read_text())
-    pids["alive"] = [p for p in [pids["master"], *pids["producers"]] if process_alive(p)]
+    pids["alive"] = [p for p in [pids["master"], *pids["producers"]] if proctree.process_alive(p)]
     pids["argv"] = {p: cmdline(p) for p in pids["alive"]}
     return parent, pids
 
@@ -427,8 +398,6 @@ def parent_killed(workdir: str | Path | None = None, *, run: tuple | None = None
 
     `detail`: `children` (master and producer pids), `alive_before` (those running at the kill), `survivors`.
     """
-    from draftsmith.drafters.training.torchrun import process_alive
-
     c, inputs = run or tiny_inputs()
     with tempfile.TemporaryDirectory(prefix="draftsmith-fault-") as tmp:
         work = Path(workdir or tmp) / "parent"
@@ -441,10 +410,10 @@ def parent_killed(workdir: str | Path | None = None, *, run: tuple | None = None
             parent.send_signal(signal.SIGKILL)
             parent.wait()
             killed = time.monotonic()
-            while any(process_alive(p) for p in children) and time.monotonic() - killed < DEATH_S:
+            while any(proctree.process_alive(p) for p in children) and time.monotonic() - killed < DEATH_S:
                 time.sleep(0.02)
             took = time.monotonic() - killed
-            survivors = [p for p in children if process_alive(p)]
+            survivors = [p for p in children if proctree.process_alive(p)]
         finally:
             parent.kill()
             for pid in children:
