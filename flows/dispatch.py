@@ -17,26 +17,25 @@ holds a current manifest for it (`valid_manifest`: every file with its recorded 
 the folder. A dispatched stage must finish with that key; one that finishes with another (a pool whose workers
 run other code) is refused by name.
 
-A dispatched stage's flow run is watched, not just awaited: it writes a heartbeat into the run folder
-(`draftsmith.core.heartbeat`), and one that Prefect still calls Running while its heartbeat has stood still
-for `dispatch.lost_after_s` (its process killed with its node; Prefect would wait for it forever) is marked
-Crashed, then dispatched again up to `dispatch.retries` times (the new run resumes from the stage folder) or
-the parent fails with one line naming it. A run cancelled or deleted (from the UI) ends the parent with one
-line too. Prefect guarantees relied on: a flow run's state is final only once its engine reported it, a
-forced state is accepted whatever the run's current one, and `run_deployment(timeout=0)` creates the run
-without waiting.
+A dispatched stage's flow run is watched, not just awaited (`draftsmith.core.run_watch`): it writes a heartbeat
+into the run folder (`draftsmith.core.heartbeat`), and one that Prefect still calls Running while its heartbeat
+has stood still for `dispatch.lost_after_s` (its process killed with its node; Prefect would wait for it
+forever) is marked Crashed, then dispatched again up to `dispatch.retries` times (the new run resumes from the
+stage folder) or the parent fails with one line naming it. A run cancelled or deleted (from the UI) ends the
+parent with one line too. Prefect guarantees relied on: a flow run's state is final only once its engine
+reported it, a forced state is accepted whatever the run's current one, and `run_deployment(timeout=0)`
+creates the run without waiting.
 """
 
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from draftsmith.core import heartbeat, storage
+from draftsmith.core import run_watch, storage
 from draftsmith.core.config import PipelineConfig
-from draftsmith.core.config.stages import DispatchConfig, Resources
+from draftsmith.core.config.stages import Resources
 from draftsmith.core.manifest import StageManifest
 from draftsmith.core.stage import load_manifest, valid_manifest
 
@@ -46,8 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STAGE_FLOW = "stage"
-# How often a dispatching flow run reads its stage's state and heartbeat (at most; sooner for faster beats).
-POLL_S = 5.0
 # Each stage's inputs, by the upstream stages whose manifests it reads (pipeline order).
 UPSTREAM: dict[str, tuple[str, ...]] = {
     "select_prompts": (),
@@ -221,13 +218,16 @@ def _run_watched(config: PipelineConfig, stage: str, run_dir: str, params: dict,
         if child.state is not None and child.state.is_final():
             return child  # it ended before it could be watched
         with get_client(sync_client=True) as client:
-            run, lost = _watch(client, child, stage, run_dir, config.dispatch)
+            try:
+                run, lost = run_watch.watch(client, child, stage, run_dir, config.dispatch)
+            except run_watch.WatchError as err:
+                raise DispatchError(str(err)) from None
             if lost is None and not (attempt < attempts and run.state is not None and run.state.is_crashed()):
                 return run
             if lost is None:  # its infrastructure failed (Prefect says Crashed): as good as lost
                 lost = f"it ended Crashed: {run.state.message if run.state else ''}"
             else:
-                _mark_crashed(client, child, lost)
+                run_watch.mark_crashed(client, child, lost)
         again = f"; dispatching it again ({attempt} of {attempts - 1} retries)" if attempt < attempts else ""
         log.warning("%s: flow run %s on pool %s did not finish (%s)%s", stage, child.name, target.pool, lost, again)
     raise DispatchError(
@@ -254,55 +254,3 @@ def _start(stage: str, name: str, params: dict, target: _Target) -> "FlowRun":
             f"no work pool or deployment {target.deployment!r} to run it there; `draftsmith deploy` creates both"
         ) from exc
     return cast("FlowRun", child)  # called from sync code, run_deployment returns the run, not a coroutine
-
-
-def _watch(
-    client: Any, child: "FlowRun", stage: str, run_dir: str, cfg: DispatchConfig
-) -> tuple["FlowRun", str | None]:
-    """Poll `child` until it is final (it, None) or lost (it, why in words).
-
-    Lost: Running while its heartbeat (`draftsmith.core.heartbeat`) has not changed for `cfg.lost_after_s`, so
-    detection takes at most that plus two polls after the process died. Scheduled or Pending is waiting for a
-    worker, not lost. A server that does not answer (restarting) is asked again for as long.
-    """
-    import httpx
-    from prefect.exceptions import ObjectNotFound
-
-    poll_s = min(POLL_S, cfg.heartbeat_s)
-    seen: Any = object()  # the last heartbeat record, and when it was first seen (this clock)
-    since = unreachable = time.monotonic()
-    while True:
-        try:
-            run = client.read_flow_run(child.id)
-        except ObjectNotFound:
-            raise DispatchError(f"stage {stage}: flow run {child.name} ({child.id}) was deleted while it ran") from None
-        except httpx.HTTPError as err:
-            if time.monotonic() - unreachable > cfg.lost_after_s:
-                raise DispatchError(
-                    f"stage {stage}: the Prefect server did not answer for {cfg.lost_after_s:.0f} s while flow run "
-                    f"{child.name} ({child.id}) ran: {type(err).__name__}"
-                ) from None
-            time.sleep(poll_s)
-            continue
-        unreachable = now = time.monotonic()
-        if run.state is not None and run.state.is_final():
-            return run, None
-        if run.state is None or not run.state.is_running():
-            seen, since = object(), now  # the clock starts when it runs
-        else:
-            beat = heartbeat.read_beat(run_dir, stage)
-            mine = beat if beat is not None and beat.get("flow_run") == str(child.id) else None
-            if mine != seen:
-                seen, since = mine, now
-            elif now - since > cfg.lost_after_s:
-                last = f"last beat at {mine['at']} from pid {mine['pid']} on {mine['host']}" if mine else "no beat"
-                return run, f"Running, but its heartbeat stood still for {now - since:.0f} s ({last})"
-        time.sleep(poll_s)
-
-
-def _mark_crashed(client: Any, child: "FlowRun", why: str) -> None:
-    """Tell Prefect what became of the run, so the UI and the next scheduler see it ended; forced, because
-    nothing else is left to report its final state."""
-    from prefect.states import Crashed
-
-    client.set_flow_run_state(child.id, Crashed(message=f"lost by draftsmith's dispatch: {why}"), force=True)

@@ -1,4 +1,4 @@
-"""How a dispatching flow run watches its `stage/<pool>` flow run (`dispatch._watch`) on a scripted client: a run
+"""How a dispatching flow run watches its `stage/<pool>` flow run (`core/run_watch.py`) on a scripted client: a run
 that ends (cancelled from the UI) ends the wait, a deleted one and a server gone for too long fail in one line, a
 Running run whose heartbeat stands still is lost, and one whose heartbeat moves is not; and how it starts a
 crashed or lost one again per `dispatch.retries` (`dispatch._run_watched`)."""
@@ -14,7 +14,7 @@ from prefect.client.schemas.objects import State
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled, Pending, Running
 
-from draftsmith.core import heartbeat
+from draftsmith.core import heartbeat, run_watch
 from draftsmith.core.config.stages import DispatchConfig
 from draftsmith.flows import dispatch
 
@@ -41,27 +41,25 @@ def _child():
 
 
 def test_a_run_cancelled_from_the_ui_ends_the_wait_with_its_state(tmp_path):
-    run, lost = dispatch._watch(Client(Pending(), Running(), Cancelled()), _child(), "s", str(tmp_path), CFG)
+    run, lost = run_watch.watch(Client(Pending(), Running(), Cancelled()), _child(), "s", str(tmp_path), CFG)
     assert lost is None and run.state is not None and run.state.is_cancelled()
 
 
 def test_a_run_deleted_while_it_ran_fails_in_one_line(tmp_path):
     child = _child()
     gone = ObjectNotFound(http_exc=Exception("404"))
-    with pytest.raises(
-        dispatch.DispatchError, match=rf"flow run select_prompts\[tiny-cpu\] \({child.id}\) was deleted"
-    ):
-        dispatch._watch(Client(Running(), gone), child, "s", str(tmp_path), CFG)
+    with pytest.raises(run_watch.WatchError, match=rf"flow run select_prompts\[tiny-cpu\] \({child.id}\) was deleted"):
+        run_watch.watch(Client(Running(), gone), child, "s", str(tmp_path), CFG)
 
 
 def test_a_server_that_stays_away_fails_the_wait_after_lost_after_s(tmp_path):
     down = httpx.ConnectError("refused")
     start = time.monotonic()
-    with pytest.raises(dispatch.DispatchError, match=r"Prefect server did not answer for 2 s .*ConnectError"):
-        dispatch._watch(Client(down), _child(), "s", str(tmp_path), CFG)
+    with pytest.raises(run_watch.WatchError, match=r"Prefect server did not answer for 2 s .*ConnectError"):
+        run_watch.watch(Client(down), _child(), "s", str(tmp_path), CFG)
     assert CFG.lost_after_s <= time.monotonic() - start < CFG.lost_after_s + 3
     # Back in time (a restart): the wait goes on to the run's end.
-    run, lost = dispatch._watch(Client(down, down, Cancelled()), _child(), "s", str(tmp_path), CFG)
+    run, lost = run_watch.watch(Client(down, down, Cancelled()), _child(), "s", str(tmp_path), CFG)
     assert lost is None and run.state is not None and run.state.is_cancelled()
 
 
@@ -69,15 +67,15 @@ def test_a_running_run_whose_heartbeat_stands_still_is_lost_and_one_that_beats_i
     child = _child()
     with heartbeat.beating(str(tmp_path), "s", str(child.id), CFG.heartbeat_s):
         ends: list[State] = [Running()] * 10 + [Cancelled()]  # about 5 s of beating, longer than lost_after_s
-        run, lost = dispatch._watch(Client(*ends), child, "s", str(tmp_path), CFG)
+        run, lost = run_watch.watch(Client(*ends), child, "s", str(tmp_path), CFG)
         assert lost is None and run.state is not None and run.state.is_cancelled()
     start = time.monotonic()
-    run, lost = dispatch._watch(Client(Running()), child, "s", str(tmp_path), CFG)  # the beating stopped
+    run, lost = run_watch.watch(Client(Running()), child, "s", str(tmp_path), CFG)  # the beating stopped
     assert lost is not None and lost.startswith("Running, but its heartbeat stood still for ")
     assert f"from pid {os.getpid()} on " in lost
     assert CFG.lost_after_s <= time.monotonic() - start <= CFG.lost_after_s + 2 * CFG.heartbeat_s + 1
     # Another run's beat (an earlier attempt's) is no beat of this one.
-    run, lost = dispatch._watch(Client(Running()), _child(), "s", str(tmp_path), CFG)
+    run, lost = run_watch.watch(Client(Running()), _child(), "s", str(tmp_path), CFG)
     assert lost is not None and lost.endswith("(no beat)")
 
 
@@ -110,7 +108,7 @@ def _watched(monkeypatch, tiny_cfg, retries: int, *outcomes):
         )  # fmt: skip
 
     monkeypatch.setattr(dispatch, "_start", start)
-    monkeypatch.setattr(dispatch, "_watch", watch)
+    monkeypatch.setattr(run_watch, "watch", watch)
     cfg = tiny_cfg.model_copy(update={"dispatch": DispatchConfig(retries=retries)})
     target = dispatch._Target("stage/p", "p", "select.resources.work_pool", cfg.select.resources)
     return (lambda: dispatch._run_watched(cfg, "s", "runs/x", {}, target)), started, marks
