@@ -123,7 +123,7 @@ def _measure(
     from draftsmith.drafters.export import engines
     from draftsmith.drafters.export.bundle import export_run
     from draftsmith.evals import plots
-    from draftsmith.evals.speedup import CPU_SERVE_ARGS, measure_speedup
+    from draftsmith.evals.speedup import CPU_SERVE_ARGS, EAGER, measure_speedup
     from draftsmith.evals.speedup_report import batch_size_ranges, format_table, recommendation, schedule
 
     platform = engines.detect_platform()
@@ -135,7 +135,10 @@ def _measure(
         prompts,
         settings,
         depths=serving_depths(cfg, settings),
-        serve_args=CPU_SERVE_ARGS if platform == "cpu" else ("--dtype", "bfloat16"),
+        serve_args=(
+            *(CPU_SERVE_ARGS if platform == "cpu" else ("--dtype", "bfloat16")),
+            *(() if settings.compile else EAGER),
+        ),
         work_dir=str(out / "runs"),
     )
     result = {"key": key, "train_key": train_key, "drafter": cfg.drafter.kind} | result

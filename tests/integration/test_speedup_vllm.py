@@ -41,7 +41,11 @@ def measured(tmp_path_factory) -> tuple[dict, object, str, str]:
     export_random_smollm2_eagle3(embed, tmp / "eagle3")
     work = tmp / "runs"
     prompts = list(DEFAULT_PROMPTS[: CFG.prompts_needed()])
-    result = speedup.measure_speedup(target_dir, str(tmp / "eagle3"), prompts, CFG, depths=DEPTHS, work_dir=str(work))
+    # Eager: what is checked here is the measurement's mechanics, not figures worth vLLM's compile time.
+    args = (*speedup.CPU_SERVE_ARGS, *speedup.EAGER)
+    result = speedup.measure_speedup(
+        target_dir, str(tmp / "eagle3"), prompts, CFG, depths=DEPTHS, serve_args=args, work_dir=str(work)
+    )
     return result, work, target_dir, str(tmp / "eagle3")
 
 
@@ -92,7 +96,7 @@ def test_a_served_schedule_drafts_at_batch_1_only_and_answers_as_plain_serving(m
     config = json.loads(speculative_args(draft_dir, None, 3)[1]) | {
         "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 2, 0]]
     }
-    args = [*speedup.CPU_SERVE_ARGS, "--max-num-seqs", "2", "--speculative-config", json.dumps(config)]
+    args = [*speedup.CPU_SERVE_ARGS, *speedup.EAGER, "--max-num-seqs", "2", "--speculative-config", json.dumps(config)]
 
     def ask(url: str, prompt: str) -> str:
         body = {"model": target_dir, "messages": [{"role": "user", "content": prompt}], "max_tokens": CFG.max_tokens,
