@@ -94,11 +94,11 @@ def test_flow_runs_then_reruns_from_cache(harness, tiny_cfg, tmp_path):
     third = kimi_k3(config=tiny_cfg, run_dir=run_dir, return_state=True)
     states = asyncio.run(_task_states(third.state_details.flow_run_id))
     assert set(states.values()) == {"Cached"}, states
-    # Every stage came from the cache, yet this run too carries the doctor's findings.
+    # Every stage came from the cache, yet this run too carries its results page, the doctor's findings in it.
     _, _, found = asyncio.run(_runs(third.state_details.flow_run_id))
-    doctor = [a for a in found if a.key == f"doctor-{manifests['evaluate'].key[:12]}"]
-    assert len(doctor) == 1 and doctor[0].type == "markdown", sorted(str(a.key) for a in found)
-    assert "| tap-convention |" in doctor[0].data and "acc_len overall" in doctor[0].data, doctor[0].data
+    page = [a for a in found if a.key == "results-run"]
+    assert len(page) == 1 and page[0].type == "markdown", sorted(str(a.key) for a in found)
+    assert "## Acceptance length per benchmark" in page[0].data and "| tap-convention |" in page[0].data, page[0].data
 
     # A copy of the run folder is a run folder of its own: its stages return the copy's manifests (the same
     # results, recorded there), never the original folder's out of Prefect's cache, so its later stages
