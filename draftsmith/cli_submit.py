@@ -43,15 +43,15 @@ def _deployment(name: str) -> Any:
             raise SubmitError(f"deployment {name!r}: not found on {_server()} (`draftsmith deploy` makes it)") from None
 
 
-def _deployment_config(name: str) -> dict[str, Any]:
-    """The recipe a deployment runs by default (its `config` parameter)."""
-    config = (_deployment(name).parameters or {}).get("config")
+def _deployment_config(name: str, deployment: Any = None) -> dict[str, Any]:
+    """The recipe a deployment runs by default (its `config` parameter); `deployment` when already read."""
+    config = ((deployment or _deployment(name)).parameters or {}).get("config")
     if not isinstance(config, dict):
         raise SubmitError(f"deployment {name!r}: has no default recipe; give one (draftsmith submit {name} RECIPE)")
     return config
 
 
-def recipe_for(name: str, recipe: Path | None, sets: dict[str, Any]) -> PipelineConfig:
+def recipe_for(name: str, recipe: Path | None, sets: dict[str, Any], deployment: Any = None) -> PipelineConfig:
     """The recipe file with `--set` overrides, or else the deployment's own, checked as `draftsmith run` checks
     it except for local files, which the workers read, not this machine."""
     if recipe is not None:
@@ -60,7 +60,7 @@ def recipe_for(name: str, recipe: Path | None, sets: dict[str, Any]) -> Pipeline
         except RecipeError as err:
             raise note_overrides(err, list(sets), str(recipe), "from --set") from None
     origin = f"deployment {name!r}"
-    data = _deployment_config(name)
+    data = _deployment_config(name, deployment)
     apply_overrides(data, sets, origin)
     try:
         return parse_recipe(data, origin, files=False)
@@ -72,7 +72,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         _server()
         deployment = _deployment(args.deployment)
-        cfg = recipe_for(args.deployment, args.recipe, overrides(args.set or []))
+        cfg = recipe_for(args.deployment, args.recipe, overrides(args.set or []), deployment)
     except SubmitError as err:
         print(f"error: {err}", file=sys.stderr)  # noqa: T201 - the CLI's output
         return 2
