@@ -127,9 +127,9 @@ class SpeedupConfig(StrictModel):
     max_model_len: int = Field(2048, gt=0, description="The servers' context: longest prompt plus answer, in tokens.")
     compile: bool = Field(
         True,
-        description="Serve with vLLM's graph compilation, as the command `draftsmith export` prints does. False "
-        "adds --enforce-eager: each server starts a minute or more sooner on CPU, but the figures are then not "
-        "those of the served command (a drafter's small sequential steps lose the most without compilation).",
+        description="Serve with vLLM's graph compilation. False adds --enforce-eager to every measured server and "
+        "to the command `draftsmith export` prints, so that what is served is what was measured: each server "
+        "starts a minute or more sooner on CPU, at the cost of Python's per-operation overhead on every step.",
     )
     draft_tokens: tuple[int, ...] | None = Field(
         None,

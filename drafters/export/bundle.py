@@ -313,7 +313,15 @@ def export_run(
         num_speculative_tokens=n,
         engine_args=engines.engine_args(method, engine, path, n, ranges),
         command=engines.launch_command(
-            method, engine, str(target_dir), path, n, platform=platform, port=port, per_batch_size=ranges
+            method,
+            engine,
+            str(target_dir),
+            path,
+            n,
+            platform=platform,
+            port=port,
+            per_batch_size=ranges,
+            eager=not cfg.speedup.compile,
         ),
         notes=notes,
         platform=platform,

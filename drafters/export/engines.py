@@ -148,15 +148,20 @@ def launch_command(
     port: int | None = None,
     vllm_python: str | Path | None = None,
     per_batch_size: list[list[int]] | None = None,
+    eager: bool = False,
 ) -> str:
     """A shell command that serves `target` with the exported drafter (127.0.0.1 only).
 
     vLLM on `platform="cpu"` runs under `vllm_python` (default: the project's `.venv-vllm`) in fp32, the
-    dtype that matches the target's greedy output on CPU; `port` None leaves the engine's default.
+    dtype that matches the target's greedy output on CPU; `port` None leaves the engine's default. `eager`
+    serves vLLM without graph compilation, as `draftsmith speedup` measured it when the recipe's
+    `speedup.compile` is false: the printed command is then the measured one.
     """
     if platform not in PLATFORMS:
         raise ValueError(f"platform {platform!r}: expected one of {', '.join(PLATFORMS)}")
     spec = engine_args(method, engine, folder, num_tokens, per_batch_size)
+    if engine == "vllm" and eager:
+        spec = [*spec, "--enforce-eager"]
     port_args = [] if port is None else ["--port", str(port)]
     if engine == "vllm" and platform == "cpu":
         python = str(vllm_python or vllm_cpu_python())

@@ -17,6 +17,16 @@ def _served_target(source: str) -> str:
     return str(resolve_target(source)) if source.startswith(EMBEDDED_PREFIX) else source
 
 
+def _measured_eager(run_dir: str) -> bool:
+    """Whether the run's recipe measures serving without graph compilation (`speedup.compile: false`)."""
+    recipe = storage.join(run_dir, "recipe.yaml")
+    if not storage.exists(recipe):
+        return False
+    from draftsmith.core.config import load_recipe
+
+    return not load_recipe(recipe, files=False).speedup.compile
+
+
 def serve_markdown(
     checkpoint: StageManifest, *, target_source: str, depth: int | None, platform: str | None = None
 ) -> str:
@@ -37,7 +47,9 @@ def serve_markdown(
     if storage.is_local(folder):
         folder = str(storage.local_path(folder).resolve())
     platform = platform or engines.detect_platform()
-    command = engines.launch_command(method, "vllm", _served_target(target_source), folder, n, platform=platform)
+    command = engines.launch_command(
+        method, "vllm", _served_target(target_source), folder, n, platform=platform, eager=_measured_eager(run_dir)
+    )
     spec = json.dumps(engines.vllm_speculative_config(method, folder, n))
     lines = [
         f"# Serve the {ui.run_label(run_dir)} {method} drafter with vLLM",

@@ -359,3 +359,20 @@ def test_full_vocabulary_eagle3_ships_no_d2t(tmp_path):
     assert "d2t" not in tensors and "t2d" not in tensors
     loaded, _ = eagle3_export.load_drafter(str(bundle.write_folder(tmp_path / "full", blobs)), embed)
     assert torch.equal(loaded.d2t, torch.zeros(40, dtype=torch.int64)) and bool(loaded.t2d.all())
+
+
+@torch.no_grad()
+def test_cli_export_serves_eager_when_the_speedup_was_measured_eager(tmp_path, tiny_cfg, tiny_model, capsys):
+    """`speedup.compile: false` measures servers with --enforce-eager; the printed command then serves the same."""
+    model, _ = tiny_model
+    taps = list(tiny_cfg.hidden_states.taps)
+    run = _fake_run(tmp_path, tiny_cfg, model, taps, taps)
+    eager_recipe = tmp_path / "eager.yaml"
+    eager_recipe.write_text(RECIPE.read_text() + "\nspeedup:\n  compile: false\n")
+    for recipe, eager in ((RECIPE, False), (eager_recipe, True)):
+        for platform in ("cpu", "gpu"):
+            argv = ["export", str(run), "--engine", "vllm", "--recipe", str(recipe), "--platform", platform]
+            assert cli.main([*argv, "--out", str(tmp_path / "v")]) == 0
+            launch = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("launch: "))
+            assert ("--enforce-eager" in launch.split()) == eager, (recipe.name, platform, launch)
+    assert "--enforce-eager" not in engines.launch_command("eagle3", "sglang", "/t", "/d", 3, eager=True)

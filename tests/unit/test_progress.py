@@ -4,6 +4,7 @@ import contextvars
 import json
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,7 +225,12 @@ def test_serve_snippet_is_the_export_and_vllm_commands(tmp_path):
     assert f"vllm serve moonshotai/Kimi-K3 --host 127.0.0.1 --speculative-config '{spec}'" in md, md
     cpu = serve.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="cpu")
     assert "-m vllm.entrypoints.openai.api_server --model moonshotai/Kimi-K3 --dtype float32" in cpu, cpu
-    assert "vllm serve" not in cpu and "--platform cpu" in cpu
+    assert "vllm serve" not in cpu and "--platform cpu" in cpu and "--enforce-eager" not in cpu
+    # A run whose recipe measured its speed-up eager is served eager, as `draftsmith export` prints it.
+    recipe = Path(__file__).resolve().parents[2] / "deployments" / "recipes" / "tiny-cpu.yaml"
+    (tmp_path / "kimi-k3-dflash2" / "recipe.yaml").write_text(recipe.read_text() + "\nspeedup: {compile: false}\n")
+    eager = serve.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None, platform="cpu")
+    assert eager.replace(" --enforce-eager", "") == cpu and "--enforce-eager" in eager
     (train / "config.json").write_text("{}")
     with pytest.raises(KeyError, match="block_size"):
         serve.serve_markdown(manifest, target_source="moonshotai/Kimi-K3", depth=None)
