@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from draftsmith.core import manifest
 from draftsmith.core.config import PipelineConfig, load_recipe
 from draftsmith.core.config.select import SYNTHETIC_CATEGORIES
 from draftsmith.core.config.sweep import SpeedupConfig
@@ -122,9 +123,7 @@ def _measure(
     from draftsmith.core.target_setup import resolve_target
     from draftsmith.drafters.export import engines
     from draftsmith.drafters.export.bundle import export_run
-    from draftsmith.evals import plots
     from draftsmith.evals.speedup import CPU_SERVE_ARGS, EAGER, measure_speedup
-    from draftsmith.evals.speedup_report import batch_size_ranges, format_table, recommendation, schedule
 
     platform = engines.detect_platform()
     exported = export_run(str(run_dir), "vllm", platform=platform)
@@ -141,13 +140,24 @@ def _measure(
         ),
         work_dir=str(out / "runs"),
     )
-    result = {"key": key, "train_key": train_key, "drafter": cfg.drafter.kind} | result
+    return write_result(out, {"key": key, "train_key": train_key, "drafter": cfg.drafter.kind} | result)
+
+
+def write_result(out: Path, result: dict) -> dict:
+    """Add the served schedule to a measurement and write it to `out`: the plot, the table, then speedup.json."""
+    from draftsmith.evals import plots
+    from draftsmith.evals.speedup_report import batch_size_ranges, format_table, recommendation, schedule
+
     per_level = schedule(result)
     result["schedule"] = {
         "per_level": per_level,
         "batch_size_ranges": batch_size_ranges(per_level) if per_level else [],
     }
+    out.mkdir(parents=True, exist_ok=True)
     plots.speedup_bars(result, out / "speedup.png")
+    # Recorded with the figures it draws, so that a results page shows it only while it is still this plot.
+    plot = manifest.entry("speedup.png", (out / "speedup.png").read_bytes())
+    result["files"] = {plot.name: plot.model_dump(exclude={"name"})}
     (out / "speedup.md").write_text(format_table(result) + "\n\n" + "\n".join(recommendation(result)) + "\n")
     (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: its presence means complete
     return result

@@ -11,6 +11,7 @@ import logging
 from pathlib import PurePosixPath
 
 from draftsmith.core import storage
+from draftsmith.core.manifest import FileEntry
 from draftsmith.core.ui import artifact_key, run_label
 from draftsmith.drafters.training.metrics import summary_markdown
 from draftsmith.evals import report, speedup_report
@@ -18,6 +19,8 @@ from draftsmith.evals.doctor.facts import RunFacts, read_run
 from draftsmith.evals.doctor.report import Report, diagnose_facts
 
 log = logging.getLogger(__name__)
+# `draftsmith speedup`'s plot, recorded with its size and digest under `files` in speedup.json.
+SPEEDUP_PLOT = "speedup.png"
 
 _ACC_LEN = (
     "Acceptance length: tokens the target emits per verification round (accepted draft tokens plus its own), "
@@ -80,22 +83,35 @@ def speedup_section(facts: RunFacts) -> list[str]:
     return lines
 
 
+def _plot_entries(facts: RunFacts) -> list[tuple[str, FileEntry]]:
+    """(stage, record) of each plot to show: the evaluate stage's, and the speed-up's when it measured this
+    checkpoint. Each comes with the size and digest its producer recorded, so a damaged file is never shown."""
+    evaluated = facts.manifests.get("evaluate")
+    entries = [("evaluate", f) for f in evaluated.files if f.name.endswith(".png")] if evaluated else []
+    train = facts.manifests.get("train")
+    if facts.speedup and train is not None and facts.speedup.get("train_key") == train.key:
+        recorded = (facts.speedup.get("files") or {}).get(SPEEDUP_PLOT)
+        if recorded is None:
+            log.warning("results page: %s records no %s; the plot is left out", facts.path("speedup"), SPEEDUP_PLOT)
+        else:
+            entries.append(("speedup", FileEntry.model_validate({"name": SPEEDUP_PLOT, **recorded})))
+    return entries
+
+
 def _plots(facts: RunFacts) -> dict[str, str]:
     """Plot name -> data URL, from the evaluate stage's files and a matching speed-up measurement."""
     found: dict[str, str] = {}
-    evaluated = facts.manifests.get("evaluate")
-    names = [f.name for f in evaluated.files if f.name.endswith(".png")] if evaluated else []
-    sources = [("evaluate", n) for n in names]
-    train = facts.manifests.get("train")
-    if facts.speedup and train is not None and facts.speedup.get("train_key") == train.key:
-        sources.append(("speedup", "speedup.png"))
-    for stage, name in sources:
-        url = facts.path(stage, name)
-        if storage.exists(url):
-            try:
-                found[PurePosixPath(name).stem] = report.png_bytes_url(storage.read_bytes(url), url)
-            except ValueError as err:  # a damaged plot must not hide the figures around it
-                log.warning("results page: %s", err)
+    for stage, entry in _plot_entries(facts):
+        url = facts.path(stage, entry.name)
+        # A damaged or replaced plot must not hide the figures around it, nor be shown as this run's.
+        problem = entry.problem(url)
+        if problem is not None:
+            log.warning("results page: plot left out: %s", problem)
+            continue
+        try:
+            found[PurePosixPath(entry.name).stem] = report.png_bytes_url(storage.read_bytes(url), url)
+        except ValueError as err:
+            log.warning("results page: %s", err)
     return found
 
 

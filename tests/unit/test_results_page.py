@@ -76,3 +76,29 @@ def test_publish_makes_one_artifact_per_run_folder_and_never_fails(tmp_path, mon
     assert "## Doctor" not in made[1]["markdown"]
     (run / "evaluate" / "results.json").write_text("{not json")
     assert results_page.publish(str(run)) == [] and len(made) == 2  # a page that fails fails nothing
+
+
+def test_a_plot_is_shown_only_while_it_matches_its_record(tmp_path):
+    """The evaluate manifest and speedup.json record each plot's size and digest: a damaged, replaced or
+    unrecorded plot is left out of the page, and the figures around it stay."""
+    from draftsmith.core.manifest import entry
+
+    run = healthy_run(tmp_path / "run")
+    _speedup(run, "train-key")
+    png = (run / "evaluate" / "acc_len_by_bench.png").read_bytes()
+    (run / "speedup" / "speedup.png").write_bytes(png)
+    page = results_page.results_markdown(read_run(str(run)), None)
+    assert "![speedup]" not in page and "| 1 | drafter-3 | 10.0 | 12.5 | ×1.25 |" in page  # not recorded
+    measured = json.loads((run / "speedup" / "speedup.json").read_text())
+    measured["files"] = {"speedup.png": entry("speedup.png", png).model_dump(exclude={"name"})}
+    (run / "speedup" / "speedup.json").write_text(json.dumps(measured))
+    page = results_page.results_markdown(read_run(str(run)), None)
+    assert "![speedup](data:image/png;base64," in page and "![acc_len_by_bench](data:image/png;base64," in page
+
+    damaged = bytearray(png)
+    damaged[len(damaged) // 2] ^= 0xFF
+    for name in ("evaluate/acc_len_by_bench.png", "speedup/speedup.png"):
+        (run / name).write_bytes(bytes(damaged))
+    page = results_page.results_markdown(read_run(str(run)), None)
+    assert "data:image/png" not in page and "| 1 | drafter-3 | 10.0 | 12.5 | ×1.25 |" in page
+    assert f"{json.loads((run / 'evaluate' / 'results.json').read_text())['acc_len']['overall']:.3f}" in page

@@ -270,3 +270,17 @@ def test_the_speedup_prompts_are_distinct_suite_turns_drawn_as_deep_as_needed(tm
     assert len(prompts) == len(set(prompts)) == settings.prompts_needed()
     first_turns = {p.turns[0] for items in suites.builtin_suites(30, cfg.seed).values() for p in items}
     assert set(prompts) <= first_turns, "the built-in suites only: they share no template with training prompts"
+
+
+def test_the_written_result_records_its_plot_and_the_results_page_checks_it(tmp_path):
+    from draftsmith.core.manifest import FileEntry
+
+    rows = [_row(1, "drafter-3", "drafter", 3, 1.30), _row(1, "ngram", "ngram", None, 1.10)]
+    result = cli_speedup.write_result(tmp_path / "speedup", {"train_key": "k", "levels": rows})
+    saved = json.loads((tmp_path / "speedup" / cli_speedup.RESULT).read_text())
+    assert saved["files"] == result["files"] and saved["schedule"]["per_level"] == {"1": 3}
+    record = FileEntry.model_validate({"name": "speedup.png", **saved["files"]["speedup.png"]})
+    assert record.problem(str(tmp_path / "speedup" / "speedup.png")) is None
+    assert "drafter-3" in (tmp_path / "speedup" / "speedup.md").read_text()
+    (tmp_path / "speedup" / "speedup.png").write_bytes(b"\x89PNG other")
+    assert "bytes where" in (record.problem(str(tmp_path / "speedup" / "speedup.png")) or "")
