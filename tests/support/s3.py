@@ -67,8 +67,10 @@ def weed_s3(data_dir: Path, bucket: str = "draftsmith") -> Iterator[dict[str, st
 
 
 def _wait_writable(proc: subprocess.Popen, env: dict[str, str], bucket: str, data_dir: Path) -> None:
-    """Until an authenticated PUT succeeds: weed answers HTTP before its S3 identities are loaded."""
+    """Until an authenticated PUT succeeds: weed answers HTTP before its S3 identities are loaded, and on a
+    busy machine it may not listen yet at all (botocore's connection error is not an OSError)."""
     import s3fs
+    from botocore.exceptions import BotoCoreError
 
     fs = s3fs.S3FileSystem(
         endpoint_url=env["AWS_ENDPOINT_URL"],
@@ -84,7 +86,7 @@ def _wait_writable(proc: subprocess.Popen, env: dict[str, str], bucket: str, dat
             fs.pipe_file(f"{bucket}/.ready", b"ok")
             fs.rm(f"{bucket}/.ready")
             return
-        except (OSError, PermissionError):
+        except (OSError, BotoCoreError):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"weed mini took no PUT in 30 s; see {data_dir / 'weed.log'}") from None
             time.sleep(0.2)
