@@ -23,8 +23,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Triton reads it at import: kernels forced to Triton in tests/kernels run interpreted on CPU tensors.
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# `make test` runs two pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
-# servers never share a database, and one torch thread, so that the two workers do not fight over 2 cores.
+# `make test` runs three pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
+# servers never share a database, and one torch thread, so that the workers do not fight over 2 cores.
 if "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="draftsmith-test-prefect-")
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
@@ -54,8 +54,8 @@ def tiny_target(tiny_cfg):
 def tiny_run(tiny_cfg, tmp_path_factory):
     """Every stage function run once, in order, on the tiny recipe: `{stage: manifest}`.
 
-    One run folder for the whole session, shared by `make test`'s two workers: the first to get here runs the
-    stages under a file lock, the other then calls the same functions on the finished folder, where every stage
+    One run folder for the whole session, shared by `make test`'s workers: the first to get here runs the
+    stages under a file lock, the others then call the same functions on the finished folder, where every stage
     is reused from its manifest (what a resumed run does). Tests write only into subfolders of their own."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: one basetemp per worker
@@ -101,6 +101,6 @@ def _tiny_run(tiny_cfg, run: str) -> dict[str, Any]:
 
 
 def pytest_collection_modifyitems(config, items):
-    # `make test`'s two workers take files in collection order: slow ones first, so they do not all end up
-    # at the tail, where one worker would run them while the other idles.
+    # `make test`'s workers take files in this order (`--no-loadscope-reorder`): slow ones first, so they do
+    # not end up together at the tail, where one worker would run them while the others idle.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

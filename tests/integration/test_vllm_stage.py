@@ -57,7 +57,8 @@ def test_vllm_engine_store_matches_hf_store(tmp_path):
     c = load_recipe(RECIPES / "smollm2-cpu-eagle3.yaml")
     fp32 = {"store_dtype": "float32", "shard_samples": 3, "taps": [2, 15, 27]}
     hf_cfg = c.hidden_states.model_copy(update=fp32)
-    vllm = c.hidden_states.vllm.model_copy(update={"max_model_len": 256})
+    # Eager: what is compared is the store, not vLLM's graph compilation, which would double the engine's start.
+    vllm = c.hidden_states.vllm.model_copy(update={"max_model_len": 256, "engine_kwargs": {"enforce_eager": True}})
     vllm_cfg = hf_cfg.model_copy(update={"engine": "vllm", "vllm": vllm})
     tokens = _tokens(tmp_path, resolve_target(c.target.source))
     ref = capture_hidden_states(hf_cfg, c.target, tokens, out_uri=str(tmp_path / "hf"))
