@@ -94,7 +94,10 @@ def _plot_entries(facts: RunFacts) -> list[tuple[str, FileEntry]]:
         if recorded is None:
             log.warning("results page: %s records no %s; the plot is left out", facts.path("speedup"), SPEEDUP_PLOT)
         else:
-            entries.append(("speedup", FileEntry.model_validate({"name": SPEEDUP_PLOT, **recorded})))
+            try:
+                entries.append(("speedup", FileEntry.model_validate({"name": SPEEDUP_PLOT, **recorded})))
+            except (TypeError, ValueError) as err:  # a bad record hides the plot, not the page
+                log.warning("results page: %s: unreadable record of %s (%s)", facts.path("speedup"), SPEEDUP_PLOT, err)
     return entries
 
 

@@ -95,6 +95,12 @@ def test_a_plot_is_shown_only_while_it_matches_its_record(tmp_path):
     page = results_page.results_markdown(read_run(str(run)), None)
     assert "![speedup](data:image/png;base64," in page and "![acc_len_by_bench](data:image/png;base64," in page
 
+    for bad in ({"bytes": "many"}, ["not", "a", "record"]):
+        (run / "speedup" / "speedup.json").write_text(json.dumps(measured | {"files": {"speedup.png": bad}}))
+        page = results_page.results_markdown(read_run(str(run)), None)
+        assert "![speedup]" not in page and "| 1 | drafter-3 | 10.0 | 12.5 | ×1.25 |" in page
+    (run / "speedup" / "speedup.json").write_text(json.dumps(measured))
+
     damaged = bytearray(png)
     damaged[len(damaged) // 2] ^= 0xFF
     for name in ("evaluate/acc_len_by_bench.png", "speedup/speedup.png"):
