@@ -23,7 +23,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Triton reads it at import: kernels forced to Triton in tests/kernels run interpreted on CPU tensors.
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# `make test` runs three pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
+# `make test` runs two pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
 # servers never share a database, and one torch thread, so that the workers do not fight over 2 cores.
 if "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="draftsmith-test-prefect-")
