@@ -91,15 +91,12 @@ run: setup $(VLLM_VENV)/.installed
 
 # CI runs `make test` only, so it lints too (ruff and mypy, about a minute on a fresh clone). Lint and the two
 # extra venvs (mostly downloads and unpacking) run at once; lint's output is printed when both are done.
-# Then two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting (a
-# third worker ran vLLM files side by side and ran out of the 24 GiB). Files go out in collection order, slow
-# ones first (tests/conftest.py); xdist's default reorder by tests per file would send the one-test e2e files
-# last, where they make the run's tail.
+# Then two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
 test: setup
 	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory -j2 $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed; venvs=$$?; \
 	wait $$lint; linted=$$?; cat $(VENV)/lint.log; test $$venvs = 0 && test $$linted = 0
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m "not bench"
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -m "not bench"
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
 test-fast: setup
@@ -113,7 +110,7 @@ docs: $(BIN)/.installed
 # helpers from benchmarks/helpers and the scenarios it shares with the tests from tests/support.
 # First the toy-size runs of the benchmarks and GPU checks (tests marked `bench`, which make test leaves out).
 bench: setup $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -m bench
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -m bench
 	@for b in benchmarks/*.py; do m=$${b%.py}; echo "== $$b"; $(BIN)/python -m $${m//\//.} || exit 1; done
 
 # ruff, then mypy over every package (through draftsmith/), tests/ and benchmarks/ ([tool.mypy] in pyproject.toml).

@@ -101,6 +101,7 @@ def _tiny_run(tiny_cfg, run: str) -> dict[str, Any]:
 
 
 def pytest_collection_modifyitems(config, items):
-    # `make test`'s workers take files in this order (`--no-loadscope-reorder`): slow ones first, so they do
-    # not end up together at the tail, where one worker would run them while the others idle.
+    # Slow files first, so they do not end up together at the tail. Under `make test`, xdist's default
+    # `--loadscope-reorder` sends files with the most tests first instead; `--no-loadscope-reorder` keeps this
+    # order, but it also changes which files share a worker (docs/tests.md).
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
