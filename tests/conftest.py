@@ -33,7 +33,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
-from tests.support.paths import RECIPES  # noqa: E402 - importable once the checkout is on the path
+from tests.support import venvs  # noqa: E402 - importable once the checkout is on the path
+from tests.support.paths import RECIPES  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -105,3 +106,10 @@ def pytest_collection_modifyitems(config, items):
     # `--loadscope-reorder` sends files with the most tests first instead; `--no-loadscope-reorder` keeps this
     # order, but it also changes which files share a worker (docs/tests.md).
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before any fixture: a module fixture that starts a vLLM server must not run before its venv exists.
+    for mark in item.iter_markers("venv"):
+        venvs.require(*mark.args)

@@ -11,14 +11,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON
 from draftsmith.evals.sweep import DEFAULT_PROMPTS, PERCENTILES, SweepConfig, sweep_server
 from draftsmith.evals.sweep_bench import parse_spec_counters
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.exists(), reason=f"no vLLM environment at {DEFAULT_VLLM_PYTHON}"),
+    pytest.mark.venv("vllm"),
 ]
 NUM_TOKENS = 3
 CFG = SweepConfig(

@@ -15,10 +15,16 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.bench, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.bench,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.venv("speculators"),
+    pytest.mark.venv("vllm"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
-VENVS = [ROOT / ".venv-speculators" / "bin" / "python", ROOT / ".venv-vllm" / "bin" / "python"]
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +37,6 @@ def quick_run(tmp_path_factory) -> tuple[dict, str]:
     return json.loads(out.read_text()), proc.stdout
 
 
-pytest_skip = pytest.mark.skipif(not all(p.exists() for p in VENVS), reason=f"needs {VENVS[0]} and {VENVS[1]}")
-
-
-@pytest_skip
 def test_every_benchmark_has_both_sides_counters_within_bounds(quick_run):
     r, stdout = quick_run
     depth = r["depth"]
@@ -61,7 +63,6 @@ def test_every_benchmark_has_both_sides_counters_within_bounds(quick_run):
         assert overall[side]["num_drafts"] == sum(parts), "overall sums the benchmarks' own counters"
 
 
-@pytest_skip
 def test_both_trainers_ran_the_same_steps_and_speculation_left_answers_equal(quick_run):
     r, stdout = quick_run
     ours, peer = r["train"]["ours"], r["train"]["peer"]

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PEER_PYTHON = ROOT / ".venv-speculators" / "bin" / "python"
 
 
-@pytest.mark.skipif(not PEER_PYTHON.exists(), reason=f"no speculators environment at {PEER_PYTHON}")
+@pytest.mark.venv("speculators")
 def test_both_sides_train_every_family_at_toy_sizes(tmp_path):
     out = tmp_path / "figures.json"
     cmd = [sys.executable, "-m", "benchmarks.peer_train", "--quick", "--rounds", "2", "--steps", "1"]

@@ -28,6 +28,7 @@ from draftsmith.drafters.dspark.model import DSparkDrafter, DSparkSpec
 from draftsmith.drafters.eagle3 import export as eagle3_export
 from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from draftsmith.drafters.export import bundle
+from tests.support import venvs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -141,8 +142,7 @@ def _swapped(folder: Path, out: Path, names: tuple[str, str]) -> Path:
 @pytest.fixture(scope="module")
 def interop(tmp_path_factory) -> dict:
     """`{job: (our outputs, peer outputs, load report)}` for every case and for the swapped controls."""
-    if not PEER_PYTHON.exists():
-        pytest.skip(f"no speculators environment at {PEER_PYTHON} (make {PEER_PYTHON.parents[1].name}/.installed)")
+    venvs.require("speculators")
     from draftsmith.core.target_setup import resolve_target
 
     target = resolve_target("embedded:tiny-llama")

@@ -12,24 +12,34 @@ import pytest
 import yaml
 
 from draftsmith.core import plugins, storage
+from draftsmith.core.config import drafter as drafter_config
 from draftsmith.core.config import load_recipe
 from draftsmith.drafters import families
 from draftsmith.drafters.export.bundle import export_run
 from draftsmith.tasks.evaluate import evaluate
 from draftsmith.tasks.train import train
+from tests.support.plugin_registry import plugin_loaded
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
+TOY_MODULE = "tests.support.toy_family"
 TOY = {"kind": "toy", "draft_vocab_size": 512, "heads": 2, "head_dim": 16}
 
 
 @pytest.fixture
 def toy_env(monkeypatch):
-    monkeypatch.setenv(plugins.ENV, "tests.support.toy_family")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    plugins.load()
-    return os.environ.copy()
+    with plugin_loaded(TOY_MODULE):
+        yield os.environ.copy()
+
+
+def test_the_family_is_gone_from_the_registries_once_the_plugin_is_unloaded():
+    with plugin_loaded(TOY_MODULE):
+        assert "toy" in families.kinds() and "toy" in drafter_config.drafter_kinds()
+    assert "toy" not in families.kinds() and "toy" not in drafter_config.drafter_kinds()
+    with pytest.raises(ValueError, match="'toy'"):
+        drafter_config.parse_drafter(TOY)
 
 
 def _recipe(tmp_path: Path) -> Path:

@@ -15,10 +15,7 @@ from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON, VLLMOfflineEngi
 
 pytestmark = pytest.mark.integration
 
-needs_vllm = pytest.mark.skipif(
-    not DEFAULT_VLLM_PYTHON.exists(),
-    reason=f"no vLLM environment at {DEFAULT_VLLM_PYTHON} (make .venv-vllm/.installed)",
-)
+needs_vllm = pytest.mark.venv("vllm")
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 24
 CONVERSATIONS = [

@@ -12,15 +12,12 @@ a bf16 store's rounding (~3e-3). One engine start (~40 s on 2 cores) serves ever
 import pytest
 import torch
 
-from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON, group_alive
+from draftsmith.engines.vllm_offline import group_alive
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not DEFAULT_VLLM_PYTHON.exists(),
-        reason=f"no vLLM environment at {DEFAULT_VLLM_PYTHON} (make .venv-vllm/.installed)",
-    ),
+    pytest.mark.venv("vllm"),
 ]
 
 TAPS = [2, 15, 27]

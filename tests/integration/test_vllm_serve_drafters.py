@@ -29,7 +29,7 @@ from tests.support.models import export_random_smollm2_eagle3, random_smollm2_ea
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.exists(), reason=f"no vLLM environment at {DEFAULT_VLLM_PYTHON}"),
+    pytest.mark.venv("vllm"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "benchmarks" / "workers" / "gpu_serve_check.py"

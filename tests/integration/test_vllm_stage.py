@@ -11,7 +11,6 @@ import pytest
 from draftsmith.core.config import load_recipe
 from draftsmith.core.manifest import StageManifest, file_entry
 from draftsmith.core.target_setup import resolve_target
-from draftsmith.engines.vllm_offline import DEFAULT_VLLM_PYTHON
 from draftsmith.tasks.hidden_states import capture_hidden_states
 from draftsmith.tasks.tokenization import _pack_arrays
 from draftsmith.transport.offline_reader import OfflineDataset
@@ -21,7 +20,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(not DEFAULT_VLLM_PYTHON.exists(), reason=f"no vLLM environment at {DEFAULT_VLLM_PYTHON}"),
+    pytest.mark.venv("vllm"),
 ]
 TOL_REL = 1e-4
 
