@@ -146,6 +146,7 @@ def _measure(
 def write_result(out: Path, result: dict) -> dict:
     """Add the served schedule to a measurement and write it to `out`: the plot, the table, then speedup.json."""
     from draftsmith.evals import plots
+    from draftsmith.evals.results_page import SPEEDUP_PLOT
     from draftsmith.evals.speedup_report import batch_size_ranges, format_table, recommendation, schedule
 
     per_level = schedule(result)
@@ -154,9 +155,9 @@ def write_result(out: Path, result: dict) -> dict:
         "batch_size_ranges": batch_size_ranges(per_level) if per_level else [],
     }
     out.mkdir(parents=True, exist_ok=True)
-    plots.speedup_bars(result, out / "speedup.png")
+    plots.speedup_bars(result, out / SPEEDUP_PLOT)
     # Recorded with the figures it draws, so that a results page shows it only while it is still this plot.
-    plot = manifest.entry("speedup.png", (out / "speedup.png").read_bytes())
+    plot = manifest.entry(SPEEDUP_PLOT, (out / SPEEDUP_PLOT).read_bytes())
     result["files"] = {plot.name: plot.model_dump(exclude={"name"})}
     (out / "speedup.md").write_text(format_table(result) + "\n\n" + "\n".join(recommendation(result)) + "\n")
     (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")  # last: its presence means complete
