@@ -93,15 +93,14 @@ run: setup $(VLLM_VENV)/.installed
 # soon as the project and its target are set up: lint and the two extra venvs (mostly downloads and unpacking)
 # build beside them, and a test that needs a venv waits for its stamp (tests/support/venvs.py), which the
 # heavy files, sent last, rarely do. Lint's and the venvs' results are checked when the tests are done.
-# Three workers, a test file each at a time: much of the suite waits on servers and subprocesses starting, and a
-# third worker fills those waits; files that start vLLM engines take turns (tests/conftest.py), for memory.
+# Two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
 test: setup
 	@rm -f $(VENV)/venvs.status $(VENV)/venvs.log $(VENV)/lint.log; \
 	( $(MAKE) --no-print-directory -j2 $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed > $(VENV)/venvs.log 2>&1; \
 	  echo $$? > $(VENV)/venvs.status ) & venvs=$$!; \
 	$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	DRAFTSMITH_TEST_VENVS_STATUS=$(abspath $(VENV))/venvs.status \
-	  $(BIN)/python -m pytest tests -n 3 --dist loadfile -m "not bench"; tested=$$?; \
+	  $(BIN)/python -m pytest tests -n 2 --dist loadfile -m "not bench"; tested=$$?; \
 	wait $$venvs; wait $$lint; linted=$$?; cat $(VENV)/lint.log; built=$$(cat $(VENV)/venvs.status); \
 	test "$$built" = 0 || { tail -n 30 $(VENV)/venvs.log; echo "error: building the vLLM and speculators venvs failed (exit $$built; $(VENV)/venvs.log)" >&2; }; \
 	test $$tested = 0 && test $$linted = 0 && test "$$built" = 0

@@ -23,7 +23,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Triton reads it at import: kernels forced to Triton in tests/kernels run interpreted on CPU tensors.
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# `make test` runs pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
+# `make test` runs two pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
 # servers never share a database, and one torch thread, so that the workers do not fight over 2 cores.
 if "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="draftsmith-test-prefect-")
@@ -58,7 +58,8 @@ def tiny_run(tiny_cfg, tmp_path_factory):
     One run folder for the whole session, shared by `make test`'s workers: the first to get here runs the
     stages under a file lock, the others then call the same functions on the finished folder, where every stage
     is reused from its manifest (what a resumed run does). Tests write only into subfolders of their own."""
-    shared = _shared_tmp(tmp_path_factory)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: one basetemp per worker
     with open(shared / "tiny-run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _tiny_run(tiny_cfg, str(shared / "tiny-run"))
@@ -100,44 +101,11 @@ def _tiny_run(tiny_cfg, run: str) -> dict[str, Any]:
     return out
 
 
-# File -> how it uses vLLM: "shared" (one engine at a time) or "exclusive" (several side by side).
-_VLLM_FILES = pytest.StashKey[dict[Path, str]]()
-
-
 def pytest_collection_modifyitems(config, items):
     # Slow files first, so they do not end up together at the tail. Under `make test`, xdist's default
     # `--loadscope-reorder` sends files with the most tests first instead; `--no-loadscope-reorder` keeps this
     # order, but it also changes which files share a worker (docs/tests.md).
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-    files: dict[Path, str] = {}
-    for item in items:
-        for mark in item.iter_markers("venv"):
-            if mark.args == ("vllm",):
-                exclusive = mark.kwargs.get("exclusive") or files.get(item.path) == "exclusive"
-                files[item.path] = "exclusive" if exclusive else "shared"
-    config.stash[_VLLM_FILES] = files
-
-
-def _shared_tmp(tmp_path_factory) -> Path:
-    """A folder every pytest-xdist worker of this session sees (each worker's basetemp is a child of it)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _vllm_memory_lock(request, tmp_path_factory):
-    """Files that start vLLM engines share a lock across the workers, held until their last test is done.
-
-    A vLLM CPU engine holds about 3 GB. Files that run one engine at a time hold the lock shared; a file that
-    starts several side by side (`venv("vllm", exclusive=True)`) holds it alone, so that a 24 GiB machine never
-    holds more engines than it has memory for beside the other workers' trainings."""
-    mode = request.config.stash.get(_VLLM_FILES, {}).get(request.node.path)
-    if mode is None:
-        yield
-        return
-    with open(_shared_tmp(tmp_path_factory) / "vllm-memory.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
-        yield
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -23,7 +23,7 @@ from draftsmith.evals.sweep import DEFAULT_PROMPTS, speculative_args
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.venv("vllm", exclusive=True),  # four servers side by side
+    pytest.mark.venv("vllm"),
 ]
 CFG = SpeedupConfig(concurrency=(1, 2), rounds=1, waves=1, max_tokens=8, warmup_requests=1, timeout_s=900)
 DEPTHS = (2,)  # one drafter server: each vLLM CPU server holds ~2 GB while the other test worker runs its own
