@@ -154,7 +154,10 @@ if __name__ == "__main__":
         pass
     else:
         die_with_parent()  # what draftsmith.drafters.training.worker does first
-    Path(sys.argv[1], f"{os.getpid()}.pid").write_text(str(os.getppid()))
+    # Written aside, then renamed: the test polls for the files and must never read one half-written.
+    aside = Path(sys.argv[1], f"{os.getpid()}.tmp")
+    aside.write_text(str(os.getppid()))
+    os.replace(aside, aside.with_suffix(".pid"))
     time.sleep(120)
 
 
