@@ -89,21 +89,14 @@ run: setup $(VLLM_VENV)/.installed
 	$(BIN)/draftsmith run $(RECIPE)
 	$(BIN)/draftsmith speedup $(RECIPE)
 
-# CI runs `make test` only, so it lints too (ruff and mypy, about a minute on a fresh clone). The tests start as
-# soon as the project and its target are set up: lint and the two extra venvs (mostly downloads and unpacking)
-# build beside them, and a test that needs a venv waits for its stamp (tests/support/venvs.py), which the
-# heavy files, sent last, rarely do. Lint's and the venvs' results are checked when the tests are done.
-# Two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
+# CI runs `make test` only, so it lints too (ruff and mypy, about a minute on a fresh clone). Lint and the two
+# extra venvs (mostly downloads and unpacking) run at once; lint's output is printed when both are done.
+# Then two workers, a test file each at a time: much of the suite waits on servers and subprocesses starting.
 test: setup
-	@rm -f $(VENV)/venvs.status $(VENV)/venvs.log $(VENV)/lint.log; \
-	( $(MAKE) --no-print-directory -j2 $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed > $(VENV)/venvs.log 2>&1; \
-	  echo $$? > $(VENV)/venvs.status ) & venvs=$$!; \
-	$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	DRAFTSMITH_TEST_VENVS_STATUS=$(abspath $(VENV))/venvs.status \
-	  $(BIN)/python -m pytest tests -n 2 --dist loadfile -m "not bench"; tested=$$?; \
-	wait $$venvs; wait $$lint; linted=$$?; cat $(VENV)/lint.log; built=$$(cat $(VENV)/venvs.status); \
-	test "$$built" = 0 || { tail -n 30 $(VENV)/venvs.log; echo "error: building the vLLM and speculators venvs failed (exit $$built; $(VENV)/venvs.log)" >&2; }; \
-	test $$tested = 0 && test $$linted = 0 && test "$$built" = 0
+	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory -j2 $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed; venvs=$$?; \
+	wait $$lint; linted=$$?; cat $(VENV)/lint.log; test $$venvs = 0 && test $$linted = 0
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -m "not bench"
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
 test-fast: setup
