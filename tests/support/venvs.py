@@ -5,8 +5,8 @@ the test runs:
 
 - runs it when the venv is built (its `.installed` stamp, written by the Makefile after the venv's own import
   check, exists);
-- waits when the venv is still being built: `make test` builds both venvs while the tests that need neither run,
-  and names a status file in `DRAFTSMITH_TEST_VENVS_STATUS` that holds the build's exit code once it ends;
+- waits when a build running beside the tests names, in `DRAFTSMITH_TEST_VENVS_STATUS`, a file that receives its
+  exit code once it ends (`make test` itself builds the venvs before the tests);
 - fails with the build log's tail when that build failed, and skips (naming the make target) when nobody builds
   the venv, as on a contributor's machine that never ran `make test`.
 """
@@ -23,11 +23,6 @@ VENVS = {"vllm": ROOT / ".venv-vllm", "speculators": ROOT / ".venv-speculators"}
 STATUS_ENV = "DRAFTSMITH_TEST_VENVS_STATUS"
 # Both venvs take a few minutes to build on a 2-core machine; a build still unfinished after this is stuck.
 WAIT_S = 1800.0
-
-
-def python(name: str) -> Path:
-    """The venv's interpreter, `ROOT/.venv-<name>/bin/python`."""
-    return VENVS[name] / "bin" / "python"
 
 
 def stamp(name: str) -> Path:
@@ -47,8 +42,8 @@ def wait_for(name: str, *, timeout_s: float = WAIT_S, poll_s: float = 2.0) -> st
         if not status:
             return f"skip: no {name} environment at {VENVS[name]} ({target})"
         done = Path(status)
-        if done.exists() and done.read_text().strip():
-            code = done.read_text().strip()
+        code = done.read_text().strip() if done.exists() else ""
+        if code:
             log = done.with_suffix(".log")
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.exists() else ""
             return f"fail: building {VENVS[name].name} ended with exit code {code} and no stamp ({log}):\n{tail}"
