@@ -46,6 +46,8 @@ def in_draft(
     """`[m]` bool: is `argmax_v (hidden @ head.T)[v]` over all V ids a draft id? `torch.argmax` takes the first
     maximum, so a tie goes to the smaller id. R = V - Vd other ids, `rest_head_RHt` their head rows."""
     d_max, d_arg = z_draft_mVd.max(-1)
+    if rest_ids_R.numel() == 0:  # the draft vocabulary is the whole target vocabulary
+        return torch.ones_like(d_max, dtype=torch.bool)
     out = torch.empty_like(d_max, dtype=torch.bool)
     step = max(1, REST_BUDGET // max(rest_ids_R.numel(), 1))
     for r0 in range(0, hidden_mHt.shape[0], step):

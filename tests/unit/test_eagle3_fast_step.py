@@ -86,6 +86,17 @@ def test_in_draft_is_the_full_vocabulary_argmax_test_ties_included():
     assert torch.equal(got, expected) and 0 < int(got.sum()) < 40
 
 
+def test_a_draft_vocabulary_of_the_whole_target_vocabulary_counts_every_loss_position():
+    g = torch.Generator().manual_seed(4)
+    d2t, t2d = vocab.build_draft_vocab(torch.randint(0, 100, (V,), generator=g), V)
+    head = torch.randn(V, H, generator=g)
+    batch = _batch(g, head, t2d)
+    mask, logits = SharedTarget(head, d2t, t2d)(batch["loss_mask"], batch["last_hidden"])
+    ref_mask = loss.position_mask(batch["loss_mask"], family.draftable(batch, head, t2d))
+    assert torch.equal(mask, ref_mask) and int(mask.sum()) == int(batch["loss_mask"][:, 1:].sum())
+    _close(logits, batch["last_hidden"][mask] @ head.T, "target logits")
+
+
 def test_shared_target_gives_the_reference_mask_and_logits_and_caches_per_sample():
     g = torch.Generator().manual_seed(2)
     d2t, t2d = _vocab(g)
