@@ -23,7 +23,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Triton reads it at import: kernels forced to Triton in tests/kernels run interpreted on CPU tensors.
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# `make test` runs two pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
+# `make test` runs three pytest-xdist workers: each gets its own Prefect home, so that temporary Prefect
 # servers never share a database, and one torch thread, so that the workers do not fight over 2 cores.
 if "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="draftsmith-test-prefect-")
@@ -102,9 +102,8 @@ def _tiny_run(tiny_cfg, run: str) -> dict[str, Any]:
 
 
 def pytest_collection_modifyitems(config, items):
-    # Slow files first, so they do not end up together at the tail. Under `make test`, xdist's default
-    # `--loadscope-reorder` sends files with the most tests first instead; `--no-loadscope-reorder` keeps this
-    # order, but it also changes which files share a worker (docs/tests.md).
+    # Slow files first, so they do not end up together at the tail: `make test` keeps this order for its
+    # scheduler (`--no-loadscope-reorder`; xdist's default sends the files with the most tests first instead).
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
@@ -113,3 +112,13 @@ def pytest_runtest_setup(item):
     # Before any fixture: a module fixture that starts a vLLM server must not run before its venv exists.
     for mark in item.iter_markers("venv"):
         venvs.require(*mark.args)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    # `--dist loadfile`, and with three workers or more (`make test`) the last a lane for the files that mostly
+    # wait (tests/support/lanes.py).
+    if config.getvalue("dist") == "loadfile":
+        from tests.support.lanes import LaneScheduling
+
+        return LaneScheduling(config, log)
+    return None

@@ -1,5 +1,6 @@
 """The `nightly-regression` flow for real: all three drafters pass on the committed baselines, and a learning
-rate 100x too high fails the flow with a summary artifact that says which figures left their bands."""
+rate 100x too high fails the flow (EAGLE-3 alone) with a summary artifact that says which figures left their
+bands."""
 
 import asyncio
 import re
@@ -74,8 +75,9 @@ def test_nightly_passes_on_the_baselines_and_fails_with_a_100x_learning_rate(har
         change = re.search(r"\(([+-][0-9.]+), ([+-][0-9.]+)%\)$", line)
         assert line.endswith("(unchanged)") or (change and abs(float(change[2])) < 0.01), line
 
-    # Same folder, so select/regenerate/tokenize/hidden_states are reused; only train and evaluate run again.
-    hot = NightlyConfig(run_root=str(tmp_path), run_name="night", overrides={"train.lr": 0.3})
+    # Same folder, so select/regenerate/tokenize/hidden_states are reused; only train and evaluate run again, for
+    # the main drafter (each drafter's bands are the same code, checked passing for all three above).
+    hot = NightlyConfig(run_root=str(tmp_path), run_name="night", drafters=["eagle3"], overrides={"train.lr": 0.3})
     failed = nightly_regression(config=hot, return_state=True)
     assert failed.is_failed()
     with pytest.raises(RuntimeError, match=r"nightly figure\(s\) out of band"):
@@ -84,16 +86,12 @@ def test_nightly_passes_on_the_baselines_and_fails_with_a_100x_learning_rate(har
     assert report.data.startswith("# Nightly regression: FAIL"), report.data
     assert "differs from the recipe recorded" in report.data and "overrides: train.lr=0.3" in report.data
     rows = _rows(report.data)
-    for drafter in ("eagle3", "dflash2", "dspark"):
-        out = {figure: cells for (d, figure), cells in rows.items() if d == drafter and cells[3] == "**FAIL**"}
-        assert out, f"{drafter}: no figure left its band with a 100x learning rate"
-        for figure, (_, band, value, _) in out.items():
-            if " .. " in band:  # the row shows the band and the value outside it
-                low, high = (float(x) for x in band.split(" .. "))
-                assert not low <= float(value) <= high, (drafter, figure, band, value)
-    # Measured: the loss rises early (window 2: +8% EAGLE-3, +15% DFlash2, +20% DSpark) and acc_len leaves its band
-    # for EAGLE-3 and DSpark; DFlash2's (1.034 against 1.047) stays in a band that reaches down to 1.0.
-    for drafter in ("eagle3", "dflash2", "dspark"):
-        window = [cells for (d, figure), cells in rows.items() if d == drafter and figure.startswith("loss window 2/")]
-        assert len(window) == 1 and window[0][3] == "**FAIL**", drafter
-    assert rows[("eagle3", "acc_len")][3] == rows[("dspark", "acc_len")][3] == "**FAIL**"
+    assert {d for d, _ in rows} == {"eagle3"}, rows
+    out = {figure: cells for (_, figure), cells in rows.items() if cells[3] == "**FAIL**"}
+    for figure, (_, band, value, _) in out.items():
+        if " .. " in band:  # the row shows the band and the value outside it
+            low, high = (float(x) for x in band.split(" .. "))
+            assert not low <= float(value) <= high, (figure, band, value)
+    # Measured: the loss rises early (window 2: +8 %) and acc_len leaves its band.
+    window = [cells for figure, cells in out.items() if figure.startswith("loss window 2/")]
+    assert len(window) == 1 and "acc_len" in out, sorted(out)

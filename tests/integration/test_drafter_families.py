@@ -17,6 +17,7 @@ from tests.support.models import FAMILY_CASES
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(FAMILY_CASES))
 def test_block_drafter_trains_and_decodes_losslessly(kind, tiny_cfg, tiny_run):
     drafter, architecture, drafts = FAMILY_CASES[kind]

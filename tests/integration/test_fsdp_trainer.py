@@ -36,6 +36,7 @@ def _losses(manifest) -> list[float]:
     return [r["loss"] for r in read_jsonl(f"{manifest.uri}/metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_one_rank_and_two_ranks_trace_the_same_loss_curve(tiny_cfg, tiny_run, tmp_path, caplog):
     """1 rank x 2 micro-batches and 2 ranks x 1 see the same samples per step: same curve, same weights.
 
@@ -63,6 +64,7 @@ def test_one_rank_and_two_ranks_trace_the_same_loss_curve(tiny_cfg, tiny_run, tm
     assert counts.keys() >= {0, 1} and counts[0] == counts[1] == two.counts["steps"]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_bitwise_the_uninterrupted_weights(tiny_cfg, tiny_run, tmp_path, monkeypatch):
     """Kill every rank (and torchrun) right after the step-4 checkpoint; the rerun resumes there."""
     common = {"batch_tokens": 256, "epochs": 3, "checkpoint": {"every_steps": 2, "keep": 2}}

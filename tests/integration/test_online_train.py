@@ -16,6 +16,7 @@ def _online(cfg, **online):
     return hs.model_copy(update={"mode": "online", "online": hs.online.model_copy(update=online)})
 
 
+@pytest.mark.slow
 def test_online_training_equals_offline_training_bitwise(tiny_cfg, tiny_run, tmp_path):
     c = tiny_cfg
     n = tiny_run["tokenize"].counts["samples"]

@@ -55,6 +55,7 @@ def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([str(draftsmith), *args], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_a_family_defined_in_tests_validates_plans_trains_evaluates_and_exports(toy_env, tiny_run, tmp_path):
     path = _recipe(tmp_path)
     checked = _cli(["validate", str(path)], toy_env)
