@@ -89,14 +89,17 @@ run: setup $(VLLM_VENV)/.installed
 	$(BIN)/draftsmith run $(RECIPE)
 	$(BIN)/draftsmith speedup $(RECIPE)
 
-# CI runs `make test` only, so it lints too (ruff and mypy, about a minute on a fresh clone). Lint and the two
-# extra venvs (mostly downloads and unpacking) run at once; lint's output is printed when both are done.
+# CI runs `make test` only, so it lints too (ruff and mypy, about a minute on a fresh clone). The embedded
+# targets' set-up, lint and the two extra venvs (mostly downloads and unpacking) run at once; the set-up's and
+# lint's output is printed when all are done.
 # Then three workers, a test file each at a time, slow files first (tests/support/lanes.py): the third takes the
 # files that mostly wait first and never a vLLM one, and one vLLM file runs at a time, for memory.
-test: setup
-	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+test: $(BIN)/.installed
+	@$(BIN)/draftsmith setup-target > $(VENV)/setup-target.log 2>&1 & target=$$!; \
+	$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory -j2 $(VLLM_VENV)/.installed $(SPEC_VENV)/.installed; venvs=$$?; \
-	wait $$lint; linted=$$?; cat $(VENV)/lint.log; test $$venvs = 0 && test $$linted = 0
+	wait $$target; targets=$$?; wait $$lint; linted=$$?; cat $(VENV)/setup-target.log $(VENV)/lint.log; \
+	test $$venvs = 0 && test $$targets = 0 && test $$linted = 0
 	$(BIN)/python -m pytest tests -n 3 --dist loadfile --no-loadscope-reorder -m "not bench"
 
 # The contributor's loop: unit tests and the Triton kernels' parity tests, no servers, a few minutes.
