@@ -132,6 +132,13 @@ class Eagle3Config(_AttentionFields):
     ttt_depth: int = Field(3, ge=1, le=16, description="Training-time-test depth (chain length trained).")
     depth_decay: float = Field(0.8, gt=0.0, le=1.0, description="Loss weight of depth k is decay**k.")
     norm_output: bool = Field(False, description="EAGLE-3.1: feed norm(h) to the next depth.")
+    feature_noise: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Training only: add U(-x, x) times each tap's RMS to the target features a step reads "
+        "(EAGLE's feature augmentation, relative to the tap's scale); 0: off.",
+    )
     anchored: AnchorConfig | None = Field(None, description="Anchored TTT; null: dense TTT at every position.")
     init_lm_head_from_target: bool = Field(
         True, description="Start the draft lm_head from the target's rows (faster convergence)."

@@ -11,7 +11,7 @@ import torch
 from draftsmith import kernels
 from draftsmith.core.config import Eagle3Config
 from draftsmith.drafters import anchors, families, vocab
-from draftsmith.drafters.eagle3 import anchored, decode, export, loss, target, target_init
+from draftsmith.drafters.eagle3 import anchored, decode, export, loss, noise, target, target_init
 from draftsmith.drafters.eagle3.model import Eagle3Drafter, Eagle3Spec
 from draftsmith.drafters.objective import StepLoss
 
@@ -106,7 +106,8 @@ def objective(
             mask, target_logits = shared_target(batch["loss_mask"], batch["last_hidden"])
         else:
             mask = loss.position_mask(batch["loss_mask"], draftable(batch, head_VHt, model.t2d))
-        ids, feats = batch["input_ids"], batch["features"]
+        ids = batch["input_ids"]
+        feats = noise.feature_noise(batch["features"], model.spec.num_taps, cfg.feature_noise, generator)
         if cfg.anchored is not None:
             a = cfg.anchored
             anchor_BN, keep_BN = anchors.strided_anchors(
@@ -165,6 +166,7 @@ def code_modules() -> list:
         decode,
         export,
         loss,
+        noise,
         target,
         eagle3_model,
         attention,
