@@ -15,6 +15,7 @@ two cores). The results go to `<run>/speedup/repeat-<i>.json`.
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from draftsmith import cli
@@ -60,9 +61,11 @@ def main(argv: list[str] | None = None) -> None:
         "run", type=Path, nargs="?", default=DEFAULT_RUN, help=f"a finished run (default {DEFAULT_RUN})"
     )
     parser.add_argument("--repeat", type=int, default=2, help="measurements to compare (default 2)")
-    parser.add_argument("flags", nargs=argparse.REMAINDER, help="-- then flags for draftsmith speedup")
-    args = parser.parse_args(argv)
-    flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
+    parser.epilog = "Flags after -- go to draftsmith speedup."
+    argv = sys.argv[1:] if argv is None else argv
+    # Split at `--` by hand: argparse's REMAINDER after an optional positional would also swallow `--repeat`.
+    ours, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    args = parser.parse_args(ours)
     if not (args.run / "train" / "manifest.json").exists():
         raise SystemExit(f"speedup_repeat: {args.run} holds no trained drafter; run its recipe first")
     lines, worst = spread_table(measure(args.run, flags, args.repeat))
