@@ -88,9 +88,11 @@ def _meter():
 
 
 def _load_text(load: dict) -> str:
-    other = load.get("other_cores")
+    other, steal = load.get("other_cores"), load.get("steal_cores")
     busy = " BUSY: not an idle machine's timing" if load.get("busy") else ""
-    return f"load avg {load['load_avg_1m']:.1f}, other processes {'?' if other is None else f'{other:.2f}'} cores{busy}"
+    others = "?" if other is None else f"{other:.2f}"
+    host = "" if steal is None else f", host steal {steal:.2f} cores"
+    return f"load avg {load['load_avg_1m']:.1f}, other processes {others} cores{host}{busy}"
 
 
 def train_ours(cfg: PipelineConfig, up: dict[str, StageManifest], folder: Path, max_steps: int | None) -> dict:

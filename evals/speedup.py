@@ -197,13 +197,16 @@ def _compare(plain: list[tuple[LevelResult, list[str]]], other: list[tuple[Level
 
 
 def _worst(loads: list[Load]) -> dict | None:
-    """The busiest of a row's runs: the highest load average and other processes' share, busy if any was."""
+    """The busiest of a row's runs: the highest load average, other processes' share and host steal, busy if any
+    was."""
     if not loads:
         return None
     others = [ld.other_cores for ld in loads if ld.other_cores is not None]
+    steals = [ld.steal_cores for ld in loads if ld.steal_cores is not None]
     return {
         "load_avg_1m": round(max(ld.load_avg_1m for ld in loads), 2),
         "other_cores": round(max(others), 3) if others else None,
+        "steal_cores": round(max(steals), 3) if steals else None,
         "cores": loads[0].cores,
         "busy": any(ld.busy for ld in loads),
     }

@@ -25,9 +25,27 @@ def first_accepted(spec: dict | None) -> float | None:
 def _load_cell(load: dict | None) -> str:
     if not load:
         return "–"
-    other = load.get("other_cores")
-    cell = f"{load['load_avg_1m']:.1f}" + ("" if other is None else f" / {other:.2f}")
-    return cell + (" **busy**" if load.get("busy") else "")
+    parts = [f"{load['load_avg_1m']:.1f}"]
+    parts += [f"{load[key]:.2f}" for key in ("other_cores", "steal_cores") if load.get(key) is not None]
+    return " / ".join(parts) + (" **busy**" if load.get("busy") else "")
+
+
+def _busy_warning(busy: list[dict], rows: int) -> str:
+    """One line naming what took the cores in the busiest row: other processes, the host (steal), or both."""
+
+    def taken(row: dict) -> float:
+        return (row["load"].get("other_cores") or 0.0) + (row["load"].get("steal_cores") or 0.0)
+
+    load = max(busy, key=taken)["load"]
+    takers = []
+    if load.get("other_cores"):
+        takers.append(f"other processes used up to {load['other_cores']:.2f}")
+    if load.get("steal_cores"):
+        takers.append(f"the host took up to {load['steal_cores']:.2f} (steal)")
+    return (
+        f"warning: {' and '.join(takers) or 'something used'} of {load['cores']} cores during {len(busy)} of {rows} "
+        "rows; speculation suffers most from shared cores, so these figures are not an idle machine's"
+    )
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -35,7 +53,7 @@ def format_table(result: dict[str, Any]) -> str:
     acceptance length and first-draft acceptance, outputs differing and the machine's load."""
     lines = [
         "| concurrency | server | tokens/s plain | tokens/s | speed-up | acceptance length (vLLM) "
-        "| first draft accepted | outputs differing | load avg / other cores |",
+        "| first draft accepted | outputs differing | load avg / other cores / host steal |",
         "|---:|---|---|---|---:|---:|---:|---:|---|",
     ]
     for lv in result["levels"]:
@@ -114,12 +132,7 @@ def recommendation(result: dict[str, Any]) -> list[str]:
     lines += [f"{method}: not measured: {why}" for method, why in (result.get("skipped") or {}).items()]
     busy = [r for r in result["levels"] if (r.get("load") or {}).get("busy")]
     if busy:
-        worst = max(busy, key=lambda r: r["load"]["other_cores"] or 0.0)["load"]
-        lines.append(
-            f"warning: other processes used up to {worst['other_cores']:.2f} of {worst['cores']} cores during "
-            f"{len(busy)} of {len(result['levels'])} rows; speculation suffers most from shared cores, so these "
-            "figures are not an idle machine's"
-        )
+        lines.append(_busy_warning(busy, len(result["levels"])))
     if (result.get("prompts") or {}).get("repeated"):
         lines.append(
             f"note: {result['prompts']['distinct']} distinct prompts for {result['prompts']['requests']} requests; "

@@ -37,7 +37,24 @@ def test_a_span_reports_load_average_and_others_share_and_flags_a_busy_machine()
     assert load.other_cores is not None and load.other_cores >= 0
     with pytest.raises(RuntimeError, match="before start"):
         meter.stop()
+    assert load.steal_cores is not None and load.steal_cores >= 0
     assert Load(10, 1.0, 0.1, 2).busy is False and Load(10, 4.0, 0.9, 2).busy is True
     assert Load(10, 4.0, None, 2).to_dict() == {
-        "seconds": 10, "load_avg_1m": 4.0, "other_cores": None, "cores": 2, "busy": False
+        "seconds": 10, "load_avg_1m": 4.0, "other_cores": None, "steal_cores": None, "cores": 2, "busy": False
     }  # fmt: skip
+
+
+def test_steal_is_the_hosts_share_apart_from_other_processes_and_makes_a_machine_busy(monkeypatch):
+    """A fake `/proc/stat`: over the span the host steals 1.2 cores' worth and nothing else runs."""
+    stats = iter([(1000, 50), (1000, 50 + 12 * HZ)])  # (this machine's work, steal) in ticks, 10 s apart
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(machine_load, "_cpu_ticks", lambda: next(stats))
+    monkeypatch.setattr(machine_load, "_tree_ticks", lambda root: 0)
+    monkeypatch.setattr(machine_load.time, "monotonic", lambda: next(clock))
+    meter = LoadMeter()
+    meter.start()
+    load = meter.stop()
+    assert load.other_cores == 0.0 and load.steal_cores == pytest.approx(1.2)
+    assert load.busy, "a host taking 1.2 of the cores leaves no idle machine's timing"
+    assert Load(10, 1.0, 0.2, 2, steal_cores=0.2).busy is False
+    assert Load(10, 1.0, 0.2, 2, steal_cores=0.4).busy is True, "other processes and steal add up"

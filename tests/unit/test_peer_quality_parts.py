@@ -46,7 +46,7 @@ def test_the_table_has_a_row_per_benchmark_and_the_training_lines():
     rows = {"held-out": {"prompts": 2, "ours": _side(10, [6, 3, 1]), "peer": _side(10, [5, 2, 1]), "ratio": 2.0 / 1.8}}
     rows["overall"] = rows["held-out"]
     idle = {"load_avg_1m": 0.5, "other_cores": 0.01, "cores": 2, "busy": False}
-    busy = {"load_avg_1m": 6.0, "other_cores": 1.5, "cores": 2, "busy": True}
+    busy = {"load_avg_1m": 6.0, "other_cores": 1.5, "steal_cores": 0.3, "cores": 2, "busy": True}
     train = {
         "ours": {"wall_s": 50.0, "steps": 3, "tokens": 900, "load": idle},
         "peer": {"wall_s": 80.0, "steps": 3, "tokens": 1000, "load": busy},
@@ -71,7 +71,7 @@ def test_the_table_has_a_row_per_benchmark_and_the_training_lines():
     assert "ours 50.0, peer 80.0 (ours/peer 0.62x)" in lines[3] and "ours 3, peer 3" in lines[5]
     ours_load, peer_load = lines[4].split("; peer ")
     assert "load avg 0.5, other processes 0.01 cores" in ours_load and "BUSY" not in ours_load
-    assert "load avg 6.0, other processes 1.50 cores BUSY" in peer_load
+    assert "load avg 6.0, other processes 1.50 cores, host steal 0.30 cores BUSY" in peer_load
     assert lines[-1].endswith(": met")
 
 

@@ -76,7 +76,7 @@ def test_each_server_is_compared_with_the_same_plain_runs_and_the_busiest_run_is
         "drafter-3-c1-r1": (_level(1, 14.0, spec), texts),
         "ngram-c1-r1": (_level(1, 11.0), texts),
     }
-    idle, busy = Load(5.0, 2.1, 0.01, 2), Load(5.0, 3.9, 1.2, 2)
+    idle, busy = Load(5.0, 2.1, 0.01, 2, 0.0), Load(5.0, 3.9, 1.2, 2, 0.05)
     loads = dict.fromkeys(runs, idle) | {"ngram-c1-r1": busy}
     drafter, ngram = speedup.summarise(runs, cfg, servers, loads)
     assert (drafter["server"], drafter["method"], ngram["method"]) == ("drafter-3", "drafter", "ngram")
@@ -85,16 +85,20 @@ def test_each_server_is_compared_with_the_same_plain_runs_and_the_busiest_run_is
     assert drafter["spec_decode"]["acceptance_length"] == pytest.approx(2.5) and ngram["spec_decode"] is None
     assert (drafter["outputs_differing"], ngram["outputs_differing"], ngram["outputs_compared"]) == (0, 1, 4)
     assert drafter["load"]["busy"] is False and ngram["load"] == {
-        "load_avg_1m": 3.9, "other_cores": 1.2, "cores": 2, "busy": True
+        "load_avg_1m": 3.9, "other_cores": 1.2, "steal_cores": 0.05, "cores": 2, "busy": True
     }  # fmt: skip
     table = speedup_report.format_table({"levels": [drafter, ngram]})
-    assert "| 1 | drafter-3 | 10.0, 10.0 | 12.0, 14.0 | ×1.30 | 2.500 | 75% | 0 of 4 | 2.1 / 0.01 |" in table
-    assert "| 1 | ngram | 10.0, 10.0 | 9.0, 11.0 | ×1.00 | no drafts | – | 1 of 4 | 3.9 / 1.20 **busy** |" in table
+    assert "| 1 | drafter-3 | 10.0, 10.0 | 12.0, 14.0 | ×1.30 | 2.500 | 75% | 0 of 4 | 2.1 / 0.01 / 0.00 |" in table
+    assert (
+        "| 1 | ngram | 10.0, 10.0 | 9.0, 11.0 | ×1.00 | no drafts | – | 1 of 4 | 3.9 / 1.20 / 0.05 **busy** |" in table
+    )
     lines = speedup_report.recommendation({"levels": [drafter, ngram]})
     assert lines[0] == (
         "concurrency 1: fastest is drafter-3 ×1.30; the drafter (drafter-3) beats ngram: ×1.30 its tokens/s"
     )
-    assert lines[-1].startswith("warning: other processes used up to 1.20 of 2 cores during 1 of 2 rows")
+    assert lines[-1].startswith(
+        "warning: other processes used up to 1.20 and the host took up to 0.05 (steal) of 2 cores during 1 of 2 rows"
+    )
 
 
 def _row(c: int, server: str, method: str, depth: int | None, speedup_: float) -> dict:
