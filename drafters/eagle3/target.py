@@ -76,6 +76,8 @@ class SharedTarget:
         needed = shift_left(loss_mask_BS.bool(), 1, False)  # token p + 1 is a loss token
         hidden = last_hidden_BSHt[needed].to(self.draft_head.dtype)  # [m, Ht], rows in row-major order
         z = hidden @ self.draft_head.T  # [m, Vd]
+        if self.rest_ids.numel() == 0:  # the whole target vocabulary drafts: every loss position counts
+            return needed, z
         keep = torch.cat([self._row_in_draft(needed[b], hidden, z, b, needed) for b in range(needed.shape[0])])
         mask = needed.clone()
         mask[needed] = keep

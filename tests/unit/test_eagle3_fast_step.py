@@ -91,9 +91,11 @@ def test_a_draft_vocabulary_of_the_whole_target_vocabulary_counts_every_loss_pos
     d2t, t2d = vocab.build_draft_vocab(torch.randint(0, 100, (V,), generator=g), V)
     head = torch.randn(V, H, generator=g)
     batch = _batch(g, head, t2d)
-    mask, logits = SharedTarget(head, d2t, t2d)(batch["loss_mask"], batch["last_hidden"])
+    shared = SharedTarget(head, d2t, t2d)
+    mask, logits = shared(batch["loss_mask"], batch["last_hidden"])
     ref_mask = loss.position_mask(batch["loss_mask"], family.draftable(batch, head, t2d))
     assert torch.equal(mask, ref_mask) and int(mask.sum()) == int(batch["loss_mask"][:, 1:].sum())
+    assert not shared.cache, "with no other ids there is no argmax test to cache"
     _close(logits, batch["last_hidden"][mask] @ head.T, "target logits")
 
 
