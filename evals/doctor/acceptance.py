@@ -109,31 +109,39 @@ def long_context(f: RunFacts) -> list[Finding]:
                    fix="tokenize.max_length and long-context prompts in select.sources")]  # fmt: skip
 
 
-def ngram_rounds(prompt: Sequence[int], output: Sequence[int], s: NgramSettings) -> tuple[int, int]:
-    """(rounds, accepted drafts) of n-gram prompt lookup replaying `output` after `prompt`: each round, the
-    longest suffix n-gram (prompt_lookup_max down to _min) seen earlier proposes the tokens that followed its
-    latest earlier occurrence; the target keeps the matching prefix and adds one token of its own."""
-    seq = [*prompt, *output]
-    index: list[dict[tuple, int]] = [{} for _ in range(s.prompt_lookup_max + 1)]
-    # The prefill emits the first token; rounds draft after it, as in the evaluation and in vLLM.
-    known, end, rounds, accepted = 0, len(prompt) + 1, 0, 0
+class PromptLookup:
+    """n-gram prompt lookup over one growing sequence, as vLLM's `ngram` method drafts: the longest suffix
+    n-gram (prompt_lookup_max down to _min) seen earlier proposes up to `num_speculative_tokens` tokens that
+    followed its latest earlier occurrence."""
 
-    def grow(upto: int) -> None:
-        nonlocal known
-        for j in range(max(known, 1), upto):  # n-grams ending before j, each followed by seq[j]
+    def __init__(self, seq: Sequence[int], s: NgramSettings) -> None:
+        self.seq, self.s, self.known = seq, s, 0
+        self.index: list[dict[tuple, int]] = [{} for _ in range(s.prompt_lookup_max + 1)]
+
+    def propose(self, end: int) -> list[int]:
+        """The draft for position `end` from `seq[:end]` (positions must come in increasing order)."""
+        seq, s = self.seq, self.s
+        for j in range(max(self.known, 1), end):  # n-grams ending before j, each followed by seq[j]
             for n in range(s.prompt_lookup_min, s.prompt_lookup_max + 1):
                 if j >= n:
-                    index[n][tuple(seq[j - n : j])] = j
-        known = max(known, upto)
-
-    while end < len(seq):
-        grow(end)
-        draft: list[int] = []
+                    self.index[n][tuple(seq[j - n : j])] = j
+        self.known = max(self.known, end)
         for n in range(s.prompt_lookup_max, s.prompt_lookup_min - 1, -1):
-            start = index[n].get(tuple(seq[end - n : end])) if end >= n else None
+            start = self.index[n].get(tuple(seq[end - n : end])) if end >= n else None
             if start is not None:
-                draft = seq[start : min(start + s.num_speculative_tokens, end)]
-                break
+                return list(seq[start : min(start + s.num_speculative_tokens, end)])
+        return []
+
+
+def ngram_rounds(prompt: Sequence[int], output: Sequence[int], s: NgramSettings) -> tuple[int, int]:
+    """(rounds, accepted drafts) of n-gram prompt lookup (`PromptLookup`) replaying `output` after `prompt`:
+    the target keeps the draft's matching prefix and adds one token of its own."""
+    seq = [*prompt, *output]
+    lookup = PromptLookup(seq, s)
+    # The prefill emits the first token; rounds draft after it, as in the evaluation and in vLLM.
+    end, rounds, accepted = len(prompt) + 1, 0, 0
+    while end < len(seq):
+        draft = lookup.propose(end)
         n_acc = 0
         while n_acc < len(draft) and end + n_acc < len(seq) and draft[n_acc] == seq[end + n_acc]:
             n_acc += 1

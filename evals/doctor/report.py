@@ -5,7 +5,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from draftsmith.evals.doctor import acceptance, conventions, serving, training
+from draftsmith.evals.doctor import acceptance, conventions, copying, serving, training
 from draftsmith.evals.doctor.facts import RunFacts, read_run
 from draftsmith.evals.doctor.findings import SEVERITIES, Finding
 
@@ -16,6 +16,7 @@ CHECKS: dict[str, Callable[[RunFacts], list[Finding]]] = {
     "position-acceptance": acceptance.position_loss,
     "long-context": acceptance.long_context,
     "free-speculation": acceptance.free_speculation,
+    "copying": copying.copying,
     "tap-convention": conventions.tap_convention,
     "template": conventions.template_mode,
     "draft-vocabulary": conventions.vocab_coverage,

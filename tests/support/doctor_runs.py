@@ -41,6 +41,9 @@ class Plan:
     probs: tuple[float, ...] = GOOD_PROBS
     long_probs: tuple[float, ...] | None = None  # acceptance in rows with long prompts
     copying: bool = False  # answers copied from the prompt
+    # First-draft acceptance where the answer copies the prompt and elsewhere; answers alternate copied and
+    # fresh spans. None: acceptance does not depend on copying.
+    copy_rates: tuple[float, float] | None = None
     outside_vocab: float = 0.0  # share of answer tokens outside the draft vocabulary
     layer_ids: list[int] = field(default_factory=lambda: list(TAPS))
     idle_tap: int | None = None  # index of a tap whose fusion block is left at its start
@@ -99,14 +102,37 @@ def _answer(rng: random.Random, prompt: list[int], n: int, plan: Plan) -> list[i
     return out
 
 
+SPAN = 8  # tokens in each copied or fresh span of a `copy_rates` answer
+
+
+def _spans(rng: random.Random, prompt: list[int], n: int) -> list[int]:
+    """Copied spans of the prompt alternating with fresh tokens (which the prompt never holds)."""
+    out: list[int] = []
+    while len(out) < n:
+        start = rng.randrange(0, len(prompt) - SPAN)
+        out += prompt[start : start + SPAN]
+        out += [rng.randrange(DRAFT_VOCAB // 2, DRAFT_VOCAB) for _ in range(SPAN)]
+    return out[:n]
+
+
+def _first_prob(plan: Plan, probs: tuple[float, ...], pos: int) -> float:
+    """The first draft's acceptance at output position `pos`; inside a copied span from its third token on, the
+    context holds the next token (prompt lookup needs two matching tokens before it)."""
+    if plan.copy_rates is None:
+        return probs[0]
+    copied = (pos // SPAN) % 2 == 0 and pos % SPAN >= 2
+    return plan.copy_rates[0] if copied else plan.copy_rates[1]
+
+
 def _row(rng: random.Random, bench: str, i: int, prompt_len: int, plan: Plan, probs: tuple[float, ...]) -> dict:
-    prompt = [rng.randrange(0, DRAFT_VOCAB) for _ in range(prompt_len)]
-    output = _answer(rng, prompt, 48, plan)
+    top = DRAFT_VOCAB // 2 if plan.copy_rates else DRAFT_VOCAB  # a copy plan's fresh spans use the other half
+    prompt = [rng.randrange(0, top) for _ in range(prompt_len)]
+    output = _spans(rng, prompt, 48) if plan.copy_rates else _answer(rng, prompt, 48, plan)
     spec = Decoded(tokens=output, seconds=0.5)
     emitted = 1  # the prefill's token
     while emitted < len(output):
         n_acc = 0
-        while n_acc < G and rng.random() < probs[n_acc]:
+        while n_acc < G and rng.random() < (_first_prob(plan, probs, emitted) if n_acc == 0 else probs[n_acc]):
             n_acc += 1
         n_acc = min(n_acc, len(output) - emitted - 1)  # the last round emits what is left
         spec.record(Draft(torch.zeros(G, dtype=torch.long)), n_acc)

@@ -8,7 +8,7 @@ import pytest
 
 from draftsmith import cli
 from draftsmith.core.config.sweep import NgramSettings
-from draftsmith.evals.doctor import acceptance, diagnose
+from draftsmith.evals.doctor import acceptance, copying, diagnose
 from tests.support.doctor_runs import FakeVLLM, Plan, healthy_run
 
 pytestmark = pytest.mark.unit
@@ -34,7 +34,7 @@ def test_healthy_run_raises_no_alarm(tmp_path):
     assert alarms == []
     assert {f.check for f in report.findings} >= {
         "training-health", "generalisation-gap", "position-acceptance", "long-context", "free-speculation",
-        "tap-convention", "template", "draft-vocabulary", "train-serve",
+        "copying", "tap-convention", "template", "draft-vocabulary", "train-serve",
     }  # fmt: skip
     assert not any(f.title.startswith("not checked") for f in report.findings if f.check != "train-serve")
 
@@ -80,6 +80,33 @@ def test_acceptance_collapses_at_long_context(tmp_path):
 def test_copying_beats_the_drafter(tmp_path):
     text = _one(tmp_path, "free-speculation", copying=True, probs=(0.3, 0.2, 0.1))
     assert "copying beats the drafter on held-out, math" in text and "--free-methods ngram" in text
+
+
+def test_a_drafter_that_does_not_copy(tmp_path):
+    text = _one(tmp_path, "copying", copy_rates=(0.1, 0.6))
+    assert "does not copy from the context on held-out, math" in text and "select.sources" in text
+    shown = text.split("held-out: ")[1]
+    assert "first draft accepted there 1" in shown or "first draft accepted there 9%" in shown, shown
+
+
+def test_a_drafter_that_copies(tmp_path):
+    report = diagnose(str(healthy_run(tmp_path / "run", Plan(copy_rates=(0.9, 0.5)))))
+    (found,) = [f for f in report.findings if f.check == "copying"]
+    assert found.severity == "ok" and "the drafter copies" in found.title
+
+
+def test_copy_tally_walks_the_rounds_and_skips_tokens_outside_the_vocabulary():
+    s = NgramSettings(prompt_lookup_min=2, prompt_lookup_max=2, num_speculative_tokens=3)
+    prompt, output = [5, 6, 7, 8], [9, 5, 6, 7, 8, 3]
+    # The prefill emits 9. Round 1 drafts for 5 after "8 9", never seen: other. Round 2 for 6 after "9 5": other.
+    # Round 3 for 7 after "5 6", which the prompt holds followed by 7: copyable; it keeps 2 drafts and the target
+    # adds 3, the last token, so a fourth recorded round finds nothing left to draft.
+    t = copying.tally(prompt, output, [0, 0, 2, 0], s)
+    assert (t.copyable, t.copied, t.other, t.other_hits) == (1, 1, 2, 0)
+    draftable = [True] * 10
+    draftable[7] = False  # round 3's next token: left out of both sides
+    t = copying.tally(prompt, output, [0, 0, 2, 0], s, draftable)
+    assert (t.copyable, t.copied, t.other, t.other_hits) == (0, 0, 2, 0)
 
 
 def test_tap_ids_off_by_one(tmp_path):
