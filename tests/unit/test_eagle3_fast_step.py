@@ -171,3 +171,15 @@ def test_freeze_lm_head_leaves_the_head_out_of_training():
     model.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
     _, grads = _step(model, head, cfg, batch, fast=True)
     assert "lm_head.weight" not in grads and "fc.weight" in grads
+
+
+def test_the_objective_trains_on_noisy_features_reproducibly():
+    model, head, cfg, batch = _setup(False)
+    clean, _ = _step(model, head, cfg, batch, fast=True)
+    noisy_cfg = cfg.model_copy(update={"feature_noise": 0.2})
+    first, grads_a = _step(model, head, noisy_cfg, batch, fast=True)
+    again, grads_b = _step(model, head, noisy_cfg, batch, fast=True)
+    assert not torch.equal(first.total, clean.total)
+    assert torch.equal(first.total, again.total)
+    assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
+    assert torch.equal(batch["features"], _setup(False)[3]["features"])  # the batch itself is left as it was
