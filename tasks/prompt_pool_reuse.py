@@ -16,6 +16,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from draftsmith.tasks import prompt_material as material
+
 # --------------------------------------------------------------------------------------------------
 # Code stubs: a function's contract and a way to compute an example call, so that every stub's doctest holds.
 
@@ -249,7 +251,6 @@ def _completion(rng: random.Random) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # Texts with numbers and names to pick out.
 
-_TOWNS = "Millbrook|Ashford|Riverton|Oakdale|Stonebridge|Fairhaven|Greenfield|Westport|Clearwater".split("|")
 _PEOPLE = "Anna|Ben|Carla|David|Emma|Felix|Greta|Hugo|Iris|Jonas|Karin|Liam|Mona|Nils|Olga|Pablo".split("|")
 _GOODS = "chairs|lamps|bicycles|laptops|umbrellas|blankets|mugs|backpacks|helmets|jackets".split("|")
 _MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December".split("|")
@@ -258,8 +259,8 @@ _TEAMS = "the red team|the blue team|the night shift|the sales office|the north 
 
 def _report(rng: random.Random) -> tuple[str, list[str]]:
     """A short report holding several numbers and names, and the questions it can answer."""
-    town, (a, b, c) = rng.choice(_TOWNS), rng.sample(_PEOPLE, 3)
-    g1, g2 = rng.sample(_GOODS, 2)
+    town, (a, b, c) = material.town(rng), [material.person(rng) for _ in range(3)]
+    g1, g2 = rng.sample(_GOODS, 2) if rng.random() < 0.3 else (material.thing(rng), material.thing(rng))
     m1, m2 = rng.sample(_MONTHS, 2)
     n1 = rng.randint(60, 480)
     n2, n3 = rng.randint(10, n1 // 2), rng.randint(3, n1 // 4)
@@ -310,8 +311,18 @@ _EXTRACT_FORMS = (
 )
 
 
+_NOTE_ASKS = (
+    "List every name, number and code in the text.",
+    "Who is mentioned, and what did each of them do?",
+    "Which towns appear in the text, and what happened in each?",
+    "Put the figures in the text into a table.",
+    "Which order or part codes are mentioned, and what happened to each?",
+)
+
+
 def _extraction(rng: random.Random) -> list[str]:
-    text, asks = _report(rng)
+    # Half the texts are fresh material throughout: nothing in them recurs, so an answer can only copy it.
+    text, asks = _report(rng) if rng.random() < 0.5 else (material.passage(rng, 2, 3), list(_NOTE_ASKS))
     return [rng.choice(_EXTRACT_FORMS).format(text=text, ask=rng.choice(asks))]
 
 
@@ -360,7 +371,10 @@ def _typos(text: str, rng: random.Random) -> str:
 
 
 def _editing(rng: random.Random) -> list[str]:
-    passage = " ".join([rng.choice(_OPENINGS), *rng.sample(_MIDDLES, rng.randint(1, 2)), rng.choice(_CLOSINGS)])
+    if rng.random() < 0.75:
+        passage = material.passage(rng, 3, 3)
+    else:
+        passage = " ".join([rng.choice(_OPENINGS), *rng.sample(_MIDDLES, rng.randint(1, 2)), rng.choice(_CLOSINGS)])
     ask = rng.choice(_EDIT_ASKS)
     if "spelling" in ask:
         passage = _typos(passage, rng)
@@ -399,7 +413,20 @@ _REWORKS = (
 ).split("|")
 
 
+# The reworks that apply to prose (the others ask about code).
+_TEXT_REWORKS = [r for r in _REWORKS if "code" not in r and "function" not in r]
+_NOTES_ASKS = (
+    "Turn these notes into a short email to {person}.",
+    "Write these notes up as a tidy list.",
+    "Summarise these notes in two sentences.",
+    "Rewrite these notes as a short report with a title.",
+)
+
+
 def _followup(rng: random.Random) -> list[str]:
+    if rng.random() < 0.5:  # the first turn carries fresh material, so both answers must copy it
+        ask = rng.choice(_NOTES_ASKS).format(person=material.person(rng))
+        return [f"Here are my notes:\n\n{material.passage(rng, 2, 3)}\n\n{ask}", rng.choice(_TEXT_REWORKS)]
     first = rng.choice(_FIRST_ASKS).format(
         task=rng.choice(_TASKS),
         things=rng.choice(_THINGS),
