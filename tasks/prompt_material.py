@@ -72,10 +72,14 @@ def sentence(rng: random.Random) -> str:
     a, b = person(rng), person(rng)
     n, m = rng.randint(3, 480), rng.randint(2, 60)
     forms = (
-        lambda: f"{a} {rng.choice(_VERBS.split('|'))} {n} {thing(rng)} at {rng.choice(_PLACES)} in {town(rng)} "
-        f"on {rng.choice(_WEEKDAYS)}.",
-        lambda: f"On {rng.choice(_MONTHS)} {rng.randint(1, 28)}, {a} moved {n} {thing(rng)} from {town(rng)} "
-        f"to {town(rng)}.",
+        lambda: (
+            f"{a} {rng.choice(_VERBS.split('|'))} {n} {thing(rng)} at {rng.choice(_PLACES)} in {town(rng)} "
+            f"on {rng.choice(_WEEKDAYS)}."
+        ),
+        lambda: (
+            f"On {rng.choice(_MONTHS)} {rng.randint(1, 28)}, {a} moved {n} {thing(rng)} from {town(rng)} "
+            f"to {town(rng)}."
+        ),
         lambda: f"Order {code(rng)} for {n} {thing(rng)} was {rng.choice(_STATUSES.split('|'))} by {a}.",
         lambda: f"{a} and {b} met in {town(rng)} at {clock(rng)} to plan the {rng.choice(_EVENTS.split('|'))}.",
         lambda: f"The {n} {thing(rng)} cost ${rng.randint(4, 900)} each, {m} more than in {rng.randint(1995, 2025)}.",

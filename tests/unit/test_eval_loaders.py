@@ -64,7 +64,8 @@ def test_eval_only_vocabulary_is_absent_from_the_training_generator():
     # Synthetic training prompts are built only from the pool modules' strings and digits; an item holding a
     # term that module never contains cannot equal any training prompt, at any seed or pool size.
     source = "\n".join(
-        Path(str(m.__file__)).read_text(encoding="utf-8").casefold() for m in (prompt_pool, prompt_pool_reuse, prompt_material)
+        Path(str(m.__file__)).read_text(encoding="utf-8").casefold()
+        for m in (prompt_pool, prompt_pool_reuse, prompt_material)
     )
     assert [t for t in suites.EVAL_ONLY_TERMS if t.casefold() in source] == []
     for items in suites.builtin_suites(60, seed=0).values():
