@@ -36,6 +36,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from tests.support import venvs  # noqa: E402 - importable once the checkout is on the path
 from tests.support.paths import RECIPES  # noqa: E402
 
+# A test stuck in native code, out of pytest-timeout's reach, is ended with its stacks (tests/support/watchdog.py).
+from tests.support.watchdog import (  # noqa: E402, F401 - hooks, found by name
+    pytest_addoption,
+    pytest_configure,
+    pytest_runtest_protocol,
+    pytest_terminal_summary,
+)
+
 
 @pytest.fixture(scope="session")
 def tiny_cfg():

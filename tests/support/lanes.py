@@ -11,6 +11,7 @@ files that mostly wait, and one vLLM file at a time.
   instead, or waits for the next test to finish if nothing else is left.
 - Files stay whole on one worker, as with plain `--dist loadfile`: their module fixtures (a served engine, a
   trained run) are made once per file.
+- A worker that crashes fails the test it was running; the rest of that file goes to a new worker.
 """
 
 from collections.abc import Sequence
@@ -104,6 +105,21 @@ class LaneScheduling(LoadScopeScheduling):
         if self._pending_of(self.assigned_work[node]) > 2:
             return
         self._assign_work_unit(node)
+
+    def remove_node(self, node: Any) -> str | None:
+        """A worker is gone: at the end, or crashed (killed, or ended by tests/support/watchdog.py). The test it
+        was running is returned as crashed and the rest of its file is queued again, without that test:
+        xdist's `--dist loadfile` queues it too, and it then takes down one new worker after another."""
+        workload = self.assigned_work.pop(node)
+        pending = [nodeid for unit in workload.values() for nodeid, done in unit.items() if not done]
+        if not pending:
+            return None
+        crashed = pending[0]  # a worker runs its tests in the order they were sent
+        workload[scope_of(crashed)][crashed] = True
+        self.workqueue.update({scope: unit for scope, unit in workload.items() if not all(unit.values())})
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashed
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)

@@ -108,6 +108,23 @@ def test_with_two_workers_there_is_no_lane_but_still_one_vllm_file_at_a_time():
     assert all(len(running) <= 1 for running in overlaps)
 
 
+def test_a_crashed_worker_fails_its_test_and_a_new_one_runs_the_rest_of_the_file():
+    sched, nodes = _scheduler(3)
+    victim = nodes[0]
+    first = victim.sent[0]
+    assert sched.remove_node(victim) == first  # it crashed on its first test
+    new = Node("gw3")
+    sched.add_node(new)
+    sched.add_node_collection(new, COLLECTION)
+    sched.schedule()
+    nodes = [nodes[1], nodes[2], new]
+    _run(sched, nodes, [1, 1, 1])
+    ran = [n for node in nodes for n in node.sent]
+    assert first not in ran, "the crashed test was sent again (it would crash the new worker too)"
+    assert sorted(ran + victim.sent[:1]) == sorted(COLLECTION)
+    assert all(node.shutting_down for node in nodes)
+
+
 def test_a_test_belongs_to_its_file():
     assert scope_of("tests/a.py::Class::test_1[x::y]") == "tests/a.py"
     assert scope_of("tests/b.py") == "tests/b.py"
