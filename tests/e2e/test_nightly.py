@@ -92,6 +92,7 @@ def test_nightly_passes_on_the_baselines_and_fails_with_a_100x_learning_rate(har
         if " .. " in band:  # the row shows the band and the value outside it
             low, high = (float(x) for x in band.split(" .. "))
             assert not low <= float(value) <= high, (figure, band, value)
-    # Measured: the loss rises early (window 2: +8 %) and acc_len leaves its band.
-    window = [cells for figure, cells in out.items() if figure.startswith("loss window 2/")]
-    assert len(window) == 1 and "acc_len" in out, sorted(out)
+    # Measured: the loss rises early (window 2: +8 %) and stays above its band to the last window; acc_len, on
+    # a few short held-out answers, moves less than its band's width (1.033 against 1.023).
+    windows = [figure for figure in out if figure.startswith("loss window")]
+    assert any(w.startswith("loss window 2/") for w in windows) and len(windows) >= 3, sorted(out)
