@@ -14,22 +14,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from draftsmith.tasks import prompt_material as material
+from draftsmith.tasks.prompt_code import FunctionSpec, composed
 
 # --------------------------------------------------------------------------------------------------
 # Code stubs: a function's contract and a way to compute an example call, so that every stub's doctest holds.
+# Half are these fixed contracts (real algorithms); half are composed anew (`prompt_code`), for names to copy.
 
-
-@dataclass(frozen=True)
-class _Spec:
-    names: tuple[str, ...]  # function names (snake_case); camelCase is derived for other languages
-    params: tuple[tuple[str, str], ...]  # (name, Python type)
-    returns: str  # Python return type
-    doc: str  # one-line contract; {0}, {1} name the parameters
-    example: Callable[[random.Random], tuple[tuple, object]]  # arguments and the result
-    body: str  # a reference body (Python), indented by four spaces, used by fix/annotate prompts
+COMPOSED_SHARE = 0.5
 
 
 def _ints(rng: random.Random, n: int, lo: int = -9, hi: int = 30) -> list[int]:
@@ -46,8 +39,8 @@ _WORDS = (
     "needle orchard pepper quartz saddle tunnel velvet walnut yellow zephyr basket copper dolphin"
 ).split()
 
-_SPECS: tuple[_Spec, ...] = (
-    _Spec(
+_SPECS: tuple[FunctionSpec, ...] = (
+    FunctionSpec(
         ("sum_even", "total_of_evens", "even_sum"),
         (("numbers", "list[int]"),),
         "int",
@@ -55,7 +48,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((x := _ints(r, 6),), sum(v for v in x if v % 2 == 0)),
         "    return sum(n for n in numbers if n % 2 == 0)",
     ),
-    _Spec(
+    FunctionSpec(
         ("count_above", "num_greater_than", "count_over"),
         (("values", "list[int]"), ("limit", "int")),
         "int",
@@ -63,7 +56,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((x := _ints(r, 7), t := r.randint(0, 20)), sum(v > t for v in x)),
         "    return sum(1 for v in values if v > limit)",
     ),
-    _Spec(
+    FunctionSpec(
         ("longest_word", "find_longest", "max_length_word"),
         (("words", "list[str]"),),
         "str",
@@ -72,7 +65,7 @@ _SPECS: tuple[_Spec, ...] = (
         "    best = ''\n    for word in words:\n        if len(word) > len(best):\n"
         "            best = word\n    return best",
     ),
-    _Spec(
+    FunctionSpec(
         ("running_total", "cumulative_sum", "prefix_sums"),
         (("numbers", "list[int]"),),
         "list[int]",
@@ -80,7 +73,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((x := _ints(r, 5, 0, 9),), [sum(x[: i + 1]) for i in range(len(x))]),
         "    out, total = [], 0\n    for n in numbers:\n        total += n\n        out.append(total)\n    return out",
     ),
-    _Spec(
+    FunctionSpec(
         ("clamp", "clip_value", "bound"),
         (("value", "int"), ("low", "int"), ("high", "int")),
         "int",
@@ -88,7 +81,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((v := r.randint(-20, 40), lo := r.randint(0, 5), hi := r.randint(10, 20)), min(max(v, lo), hi)),
         "    return max(low, min(value, high))",
     ),
-    _Spec(
+    FunctionSpec(
         ("word_lengths", "lengths_of_words", "measure_words"),
         (("sentence", "str"),),
         "list[int]",
@@ -96,7 +89,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((s := " ".join(_words(r, 4)),), [len(w) for w in s.split()]),
         "    return [len(word) for word in sentence.split()]",
     ),
-    _Spec(
+    FunctionSpec(
         ("dedupe", "unique_in_order", "remove_repeats"),
         (("items", "list[int]"),),
         "list[int]",
@@ -105,7 +98,7 @@ _SPECS: tuple[_Spec, ...] = (
         "    seen = set()\n    out = []\n    for item in items:\n        if item not in seen:\n"
         "            seen.add(item)\n            out.append(item)\n    return out",
     ),
-    _Spec(
+    FunctionSpec(
         ("chunk", "split_into_groups", "batches"),
         (("items", "list[int]"), ("size", "int")),
         "list[list[int]]",
@@ -113,7 +106,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((x := _ints(r, 7, 0, 9), k := r.randint(2, 3)), [x[i : i + k] for i in range(0, len(x), k)]),
         "    return [items[i : i + size] for i in range(0, len(items), size)]",
     ),
-    _Spec(
+    FunctionSpec(
         ("count_vowels", "vowel_count", "num_vowels"),
         (("text", "str"),),
         "int",
@@ -121,7 +114,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((s := " ".join(_words(r, 3)).title(),), sum(c in "aeiouAEIOU" for c in s)),
         "    return sum(1 for ch in text.lower() if ch in 'aeiou')",
     ),
-    _Spec(
+    FunctionSpec(
         ("is_sorted", "in_order", "check_ascending"),
         (("numbers", "list[int]"),),
         "bool",
@@ -129,7 +122,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((x := sorted(_ints(r, 5)) if r.random() < 0.5 else _ints(r, 5),), x == sorted(x)),
         "    return all(a <= b for a, b in zip(numbers, numbers[1:]))",
     ),
-    _Spec(
+    FunctionSpec(
         ("swap_pairs", "flip_pairs", "exchange_neighbours"),
         (("items", "list[int]"),),
         "list[int]",
@@ -138,7 +131,7 @@ _SPECS: tuple[_Spec, ...] = (
         "    out = list(items)\n    for i in range(0, len(out) - 1, 2):\n"
         "        out[i], out[i + 1] = out[i + 1], out[i]\n    return out",
     ),
-    _Spec(
+    FunctionSpec(
         ("initials", "make_initials", "name_initials"),
         (("full_name", "str"),),
         "str",
@@ -146,7 +139,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((s := " ".join(_words(r, 3)),), ".".join(w[0].upper() for w in s.split())),
         "    return '.'.join(part[0].upper() for part in full_name.split())",
     ),
-    _Spec(
+    FunctionSpec(
         ("max_gap", "largest_step", "biggest_difference"),
         (("numbers", "list[int]"),),
         "int",
@@ -154,7 +147,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((x := _ints(r, 6),), max(abs(a - b) for a, b in zip(x, x[1:], strict=False))),
         "    return max(abs(a - b) for a, b in zip(numbers, numbers[1:]))",
     ),
-    _Spec(
+    FunctionSpec(
         ("count_words", "word_frequencies", "tally_words"),
         (("text", "str"),),
         "dict[str, int]",
@@ -163,7 +156,7 @@ _SPECS: tuple[_Spec, ...] = (
         "    counts = {}\n    for word in text.split():\n"
         "        counts[word] = counts.get(word, 0) + 1\n    return counts",
     ),
-    _Spec(
+    FunctionSpec(
         ("rotate_left", "shift_left", "rotate_items"),
         (("items", "list[int]"), ("steps", "int")),
         "list[int]",
@@ -171,7 +164,7 @@ _SPECS: tuple[_Spec, ...] = (
         lambda r: ((x := _ints(r, 5, 0, 9), k := r.randint(1, 4)), x[k:] + x[:k]),
         "    if not items:\n        return []\n    steps %= len(items)\n    return items[steps:] + items[:steps]",
     ),
-    _Spec(
+    FunctionSpec(
         ("digit_sum", "sum_of_digits", "add_digits"),
         (("number", "int"),),
         "int",
@@ -206,7 +199,7 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def _py_stub(spec: _Spec, name: str, rng: random.Random, *, body: str | None) -> str:
+def _py_stub(spec: FunctionSpec, name: str, rng: random.Random, *, body: str | None) -> str:
     params = [p for p, _ in spec.params]
     args, result = spec.example(rng)
     signature = ", ".join(f"{p}: {t}" for p, t in spec.params)
@@ -218,7 +211,7 @@ def _py_stub(spec: _Spec, name: str, rng: random.Random, *, body: str | None) ->
     return "\n".join(lines)
 
 
-def _js_stub(spec: _Spec, name: str, rng: random.Random, typed: bool) -> str:
+def _js_stub(spec: FunctionSpec, name: str, rng: random.Random, typed: bool) -> str:
     args, result = spec.example(rng)
     ts = {"int": "number", "str": "string", "bool": "boolean", "list[int]": "number[]", "list[str]": "string[]"}
     params = ", ".join(f"{p}: {ts.get(t, 'any')}" if typed else p for p, t in spec.params)
@@ -231,7 +224,7 @@ def _js_stub(spec: _Spec, name: str, rng: random.Random, typed: bool) -> str:
 
 
 def _completion(rng: random.Random) -> list[str]:
-    spec = rng.choice(_SPECS)
+    spec = composed(rng) if rng.random() < COMPOSED_SHARE else rng.choice(_SPECS)
     name, lang = rng.choice(spec.names), rng.choice(_LANG_STYLES)
     if lang != "Python":
         return [

@@ -18,7 +18,7 @@ from draftsmith.evals.loaders import (
     parse_bench_arg,
 )
 from draftsmith.evals.records import BenchPrompt
-from draftsmith.tasks import prompt_material, prompt_pool, prompt_pool_reuse
+from draftsmith.tasks import prompt_code, prompt_material, prompt_pool, prompt_pool_reuse
 from draftsmith.tasks.prompt_pool import CATEGORIES, synthetic_pool
 from draftsmith.tasks.prompt_sources import load_sources
 
@@ -65,7 +65,7 @@ def test_eval_only_vocabulary_is_absent_from_the_training_generator():
     # term that module never contains cannot equal any training prompt, at any seed or pool size.
     source = "\n".join(
         Path(str(m.__file__)).read_text(encoding="utf-8").casefold()
-        for m in (prompt_pool, prompt_pool_reuse, prompt_material)
+        for m in (prompt_pool, prompt_pool_reuse, prompt_material, prompt_code)
     )
     assert [t for t in suites.EVAL_ONLY_TERMS if t.casefold() in source] == []
     for items in suites.builtin_suites(60, seed=0).values():
