@@ -21,7 +21,7 @@ def _function(spec: prompt_code.FunctionSpec):
 
 def test_every_composed_example_holds_for_its_reference_body():
     rng = random.Random(0)
-    kinds = Counter()
+    kinds: Counter[str] = Counter()
     for _ in range(400):
         spec = prompt_code.composed(rng)
         fn = _function(spec)
