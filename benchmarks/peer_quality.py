@@ -66,7 +66,13 @@ def upstream(cfg: PipelineConfig, run: str) -> dict[str, StageManifest]:
     from draftsmith.tasks.select_prompts import select_prompts
     from draftsmith.tasks.tokenization import tokenize
 
-    out = {"select_prompts": select_prompts(cfg.select, cfg.target, seed=cfg.seed, out_uri=f"{run}/select_prompts")}
+    # The answer length bounds prompt length and is part of the select key: the pipeline passes it, and so must
+    # this call, or a run folder `make run` finished is recomputed from its first stage.
+    answer = cfg.regenerate.max_new_tokens
+    prompts = select_prompts(
+        cfg.select, cfg.target, seed=cfg.seed, out_uri=f"{run}/select_prompts", answer_tokens=answer
+    )
+    out = {"select_prompts": prompts}
     out["regenerate"] = regenerate(
         cfg.regenerate, cfg.target, out["select_prompts"], seed=cfg.seed, out_uri=f"{run}/regenerate"
     )

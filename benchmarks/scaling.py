@@ -86,7 +86,9 @@ def parse_sizes(text: str) -> list[int]:
 def corpus(c: PipelineConfig, root: str) -> dict[str, StageManifest]:
     """select → regenerate once, for the largest size, under `<root>/corpus/`."""
     run = storage.join(root, "corpus")
-    prompts = select_prompts(c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts")
+    prompts = select_prompts(
+        c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts", answer_tokens=c.regenerate.max_new_tokens
+    )
     conversations = regenerate(c.regenerate, c.target, prompts, seed=c.seed, out_uri=f"{run}/regenerate")
     return {"select_prompts": prompts, "regenerate": conversations}
 

@@ -89,3 +89,30 @@ def test_bad_input_exits_2_with_one_line_naming_it(argv, says, capsys):
         peer_quality.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in err
+
+
+def test_the_data_stages_run_under_the_pipelines_keys(tiny_cfg, monkeypatch):
+    """After `make run`, the benchmark must find the recipe's stages cached: its select call carries what the
+    pipeline's does (the answer length too, which bounds prompts and keys the stage), not the task's defaults."""
+    from draftsmith.flows.stages import key_here
+    from draftsmith.tasks import hidden_states, regenerate, select_prompts, tokenization
+
+    answer = select_prompts.DEFAULT_ANSWER_TOKENS + 7  # not the default
+    cfg = tiny_cfg.model_copy(update={"regenerate": tiny_cfg.regenerate.model_copy(update={"max_new_tokens": answer})})
+    calls: dict[str, dict] = {}
+
+    def recorder(name: str):
+        def call(*args, **kwargs):
+            calls[name] = kwargs
+            return name
+
+        return call
+
+    monkeypatch.setattr(select_prompts, "select_prompts", recorder("select"))
+    monkeypatch.setattr(regenerate, "regenerate", recorder("regenerate"))
+    monkeypatch.setattr(tokenization, "tokenize", recorder("tokenize"))
+    monkeypatch.setattr(hidden_states, "capture_hidden_states", recorder("hidden"))
+    peer_quality.upstream(cfg, "runs/x")
+    select = {k: v for k, v in calls["select"].items() if k != "out_uri"}
+    ours = select_prompts.select_prompts_key(cfg.select, cfg.target, **select)
+    assert ours == key_here(cfg, "select_prompts", {})
