@@ -7,8 +7,14 @@ files that mostly wait, and one vLLM file at a time.
   or more the last is a lane: it takes the waiting files first, then any file but a vLLM one; the others take
   the waiting files only once nothing else is left.
 - A vLLM file starts several engines of 2-3 GB each (`VLLM`, the files marked `venv("vllm")`); two side by
-  side took a 24 GB machine to 21 GB. So one runs at a time: while one is running, a worker takes another file
-  instead, or waits for the next test to finish if nothing else is left.
+  side took a 24 GB machine to 21 GB. So one runs at a time: while one is running on another worker, a worker
+  takes another file instead, or waits for the next test to finish if nothing else is left. The worker running
+  it may queue the next vLLM file behind its own: pytest ends a file's module fixtures (its engines) before the
+  next file's start.
+- An xdist worker runs the last test it was sent only once it is sent another or told to stop (it must know the
+  next test to tear down the right fixtures). So a worker down to one test counts as idle: it is given work, or
+  stopped, whenever any test ends; left waiting, it would hold its test, and a vLLM file's last test would hold
+  every queued vLLM file, until CI's limit.
 - Files stay whole on one worker, as with plain `--dist loadfile`: their module fixtures (a served engine, a
   trained run) are made once per file.
 - A worker that crashes fails the test it was running; the rest of that file goes to a new worker.
@@ -64,16 +70,18 @@ class LaneScheduling(LoadScopeScheduling):
                 self.lane_node = self.nodes[-1]
         super().schedule()
 
-    def _vllm_running(self) -> bool:
+    def _vllm_running_beside(self, node: Any) -> bool:
+        """A vLLM file in progress on a worker other than `node`."""
         return any(
             scope in VLLM and not all(unit.values())
-            for work in self.assigned_work.values()
+            for other, work in self.assigned_work.items()
+            if other is not node
             for scope, unit in work.items()
         )
 
     def _next_scope(self, node: Any) -> str | None:
         """The first queued file this node may take now, by the rules above; None: none for now."""
-        allowed = [s for s in self.workqueue if not (s in VLLM and self._vllm_running())]
+        allowed = [s for s in self.workqueue if not (s in VLLM and self._vllm_running_beside(node))]
         if node is self.lane_node:
             order = [s for s in allowed if s in WAITING] + [s for s in allowed if s not in WAITING | VLLM]
         else:  # vLLM files first, since they run one after another: a chain that must not start last
@@ -123,7 +131,8 @@ class LaneScheduling(LoadScopeScheduling):
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)
-        # A worker left idle while a vLLM file ran gets no event of its own: give it work when any test ends.
+        # A worker left idle while a vLLM file ran gets no event of its own: give it work when any test ends. One
+        # test left is idle too: the worker holds it until it is sent another or told to stop.
         for other in self.nodes:
-            if other is not node and not self._pending_of(self.assigned_work[other]):
+            if other is not node and self._pending_of(self.assigned_work[other]) <= 1:
                 self._reschedule(other)

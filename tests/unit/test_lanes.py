@@ -2,6 +2,7 @@
 waiting files first and never a vLLM one, one vLLM file runs at a time, every test runs once, files stay whole,
 and every worker is told to stop once nothing is left for it."""
 
+import itertools
 import re
 from types import SimpleNamespace
 
@@ -55,17 +56,24 @@ def _scheduler(workers: int) -> tuple[LaneScheduling, list[Node]]:
 
 
 def _run(sched: LaneScheduling, nodes: list[Node], speeds: list[int]) -> list[set[str]]:
-    """Each node finishes its next test in turn, `speeds[i]` tests a round, as workers report them; returns the
-    vLLM files in progress after each report."""
+    """Each node finishes its next test in turn, `speeds[i]` tests a round, as xdist's workers do: a worker runs
+    the last test it was sent only once it is sent another or told to stop, and the controller stops every
+    worker once the scheduler says the tests are finished. Returns the vLLM files in progress after each report;
+    fails when a round moves nothing (the run would hang until CI's limit)."""
     overlaps = []
-    for _ in range(200):
+    while not all(node.shutting_down and node.done == len(node.sent) for node in nodes):
+        moved = False
         for node, speed in zip(nodes, speeds, strict=True):
             for _ in range(speed):
-                if node.done < len(node.sent):
+                if node.done < len(node.sent) - 1 or (node.shutting_down and node.done < len(node.sent)):
                     sched.mark_test_complete(node, COLLECTION.index(node.sent[node.done]))
                     node.done += 1
-                    running = {scope_of(n) for nd in nodes for n in nd.sent[nd.done :]} & set(HEAVY)
-                    overlaps.append(running)
+                    moved = True
+                    if sched.tests_finished:
+                        for each in nodes:
+                            each.shutdown()
+                    overlaps.append({scope_of(nd.sent[nd.done]) for nd in nodes if nd.done < len(nd.sent)} & set(HEAVY))
+        assert moved, f"hung: queued {list(sched.workqueue)}, held {[nd.sent[nd.done :] for nd in nodes]}"
     return overlaps
 
 
@@ -89,6 +97,17 @@ def test_three_workers_run_everything_once_with_a_lane_and_one_vllm_file_at_a_ti
     _check_whole_and_once(nodes)
     assert not {scope_of(n) for n in lane.sent} & set(HEAVY), "the lane ran a vLLM file"
     assert all(len(running) <= 1 for running in overlaps), "two vLLM files were in progress at once"
+
+
+def test_no_mix_of_worker_speeds_hangs_the_run():
+    # The vLLM chain left for last (a slow worker on it, fast ones done with everything else) once held the
+    # last test of one vLLM file and with it the next file, with nothing to wake either.
+    for workers in (2, 3):
+        for speeds in itertools.product(range(1, 5), repeat=workers):
+            sched, nodes = _scheduler(workers)
+            overlaps = _run(sched, nodes, list(speeds))
+            _check_whole_and_once(nodes)
+            assert all(len(running) <= 1 for running in overlaps), speeds
 
 
 def test_the_lane_takes_other_files_once_the_waiting_ones_are_done():
