@@ -249,3 +249,12 @@ def test_thinking_modes_of_regenerate_and_tokenize_must_agree(tmp_path):
         )
     )
     assert load_recipe(ok).tokenize.thinking == "on"
+
+
+def test_the_three_smollm2_recipes_share_their_data():
+    """`benchmarks.drafters_acc_len` compares the families on one corpus and refuses recipes whose data sections
+    differ; the EAGLE-3 default's prompt mix is the one the block recipes must follow."""
+    first, *others = (load_recipe(RECIPE_DIR / f"smollm2-cpu-{k}.yaml") for k in ("eagle3", "dflash2", "dspark"))
+    for other in others:
+        for section in ("seed", "target", "select", "regenerate", "tokenize"):
+            assert getattr(other, section) == getattr(first, section), (other.name, section)
