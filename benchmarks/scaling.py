@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.helpers import data_stages
 from benchmarks.helpers import scaling_fit as fit
 from draftsmith.core import storage
 from draftsmith.core.config import PipelineConfig, load_recipe, record_recipe
@@ -36,8 +37,7 @@ from draftsmith.core.manifest import StageManifest, file_entry
 from draftsmith.core.stage import StageResult, run_stage, stage_key
 from draftsmith.tasks.evaluate import evaluate, read_results
 from draftsmith.tasks.hidden_states import capture_hidden_states
-from draftsmith.tasks.regenerate import read_conversations, regenerate
-from draftsmith.tasks.select_prompts import select_prompts
+from draftsmith.tasks.regenerate import read_conversations
 from draftsmith.tasks.tokenization import tokenize
 from draftsmith.tasks.train import train
 
@@ -85,12 +85,7 @@ def parse_sizes(text: str) -> list[int]:
 
 def corpus(c: PipelineConfig, root: str) -> dict[str, StageManifest]:
     """select → regenerate once, for the largest size, under `<root>/corpus/`."""
-    run = storage.join(root, "corpus")
-    prompts = select_prompts(
-        c.select, c.target, seed=c.seed, out_uri=f"{run}/select_prompts", answer_tokens=c.regenerate.max_new_tokens
-    )
-    conversations = regenerate(c.regenerate, c.target, prompts, seed=c.seed, out_uri=f"{run}/regenerate")
-    return {"select_prompts": prompts, "regenerate": conversations}
+    return data_stages.run_data_stages(c, storage.join(root, "corpus"), last="regenerate")
 
 
 def _rank(row_id: str) -> str:

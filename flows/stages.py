@@ -56,6 +56,13 @@ def _bound(config: PipelineConfig, stage: str, inputs: Mapping[str, StageManifes
     raise ValueError(f"stage: {stage!r} is not one of {dispatch.STAGES}")
 
 
+def stage_arguments(config: PipelineConfig, stage: str, inputs: Mapping[str, StageManifest | None]) -> dict[str, Any]:
+    """What the pipeline gives `stage`'s work but where it writes: the arguments its key is made of. Code that
+    runs a stage's function outside Prefect (the benchmarks) passes these, so that it finds what a run left
+    under the same keys instead of recomputing it."""
+    return _bound(config, stage, inputs)[1]
+
+
 def run_here(
     config: PipelineConfig, stage: str, run_dir: str, inputs: Mapping[str, StageManifest | None]
 ) -> StageManifest | None:

